@@ -1,0 +1,24 @@
+# ptrain_add_plugin(<kind> <name> SOURCES <files...> [LIBRARIES <libs...>] [OUTPUT_DIR <dir>])
+#
+# Builds one plugin as a shared library named ptrain_<kind>_<name> into
+# <build>/lib/ptrain/plugins/<kind>/ (or OUTPUT_DIR), linked to the core and
+# compiled with the shared precompiled header, so every plugin has the same
+# flags, visibility and build tag as the core that loads it.
+function(ptrain_add_plugin kind name)
+  cmake_parse_arguments(ARG "" "OUTPUT_DIR" "SOURCES;LIBRARIES" ${ARGN})
+  set(target ptrain_${kind}_${name})
+  add_library(${target} MODULE ${ARG_SOURCES})
+  target_link_libraries(${target} PRIVATE ptrain_core ${ARG_LIBRARIES})
+  if(TARGET ptrain_pch)
+    target_precompile_headers(${target} REUSE_FROM ptrain_pch)
+  endif()
+  if(NOT ARG_OUTPUT_DIR)
+    set(ARG_OUTPUT_DIR ${PTRAIN_PLUGIN_OUTPUT_DIR}/${kind})
+  endif()
+  set_target_properties(${target} PROPERTIES
+    PREFIX "lib"
+    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR})
+  if(TARGET ptrain_plugins_all)
+    add_dependencies(ptrain_plugins_all ${target})
+  endif()
+endfunction()

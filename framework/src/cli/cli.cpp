@@ -1,0 +1,100 @@
+#include "ptrain/cli/cli.h"
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "ptrain/core/error.h"
+
+namespace ptrain::cli {
+namespace {
+
+void addLaunchOptions(CLI::App* cmd, LaunchArgs& launch) {
+  cmd->add_option("--nproc", launch.nproc, "worker processes on this host (default: launch.nproc, else 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--nnodes", launch.nnodes, "hosts taking part")->check(CLI::PositiveNumber);
+  cmd->add_option("--node-rank", launch.node_rank, "this host's index in [0, nnodes)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--master-addr", launch.master_addr, "address of the host running rank 0");
+  cmd->add_option("--master-port", launch.master_port, "port of the rendezvous store on rank 0")
+      ->check(CLI::Range(0, 65535));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ptrain: distributed training with recipes that say how the model is split"};
+  app.set_version_flag("--version", std::string("ptrain ") + PTRAIN_VERSION);
+  app.require_subcommand(1);
+
+  std::vector<std::string> fullArgv(argv, argv + argc);
+
+  RunArgs run;
+  run.argv = fullArgv;
+  auto* runCmd = app.add_subcommand("run", "train a recipe: ptrain run RECIPE [--nproc N] [key=value ...]");
+  runCmd->add_option("recipe", run.recipe, "recipe file (YAML)")->required();
+  runCmd->add_option("overrides", run.overrides, "overrides such as train.steps=20");
+  runCmd->add_option("--run-dir", run.run_dir, "run folder (default runs/<recipe name>/<timestamp>)");
+  runCmd->add_flag("--resume", run.resume, "continue from the newest checkpoint in --run-dir");
+  addLaunchOptions(runCmd, run.launch);
+
+  CheckArgs check;
+  auto* checkCmd = app.add_subcommand("check", "validate a recipe and its parallel layout without training");
+  checkCmd->add_option("recipe", check.recipe, "recipe file (YAML)")->required();
+  checkCmd->add_option("overrides", check.overrides, "overrides such as parallel.tensor_model_parallel_size=2");
+  checkCmd->add_option("--nproc", check.nproc, "world size to check against (default: launch.nproc, else 1)")
+      ->check(CLI::PositiveNumber);
+
+  std::vector<std::string> pluginPaths;
+  auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");
+  pluginsCmd->add_option("--path", pluginPaths, "extra folders or files to search first");
+
+  BenchCommArgs bench;
+  bench.argv = fullArgv;
+  auto* benchCmd = app.add_subcommand("bench-comm", "measure every collective (nccl-tests style table)");
+  addLaunchOptions(benchCmd, bench.launch);
+  benchCmd->add_option("--backend", bench.backend, "comm plugin");
+  benchCmd->add_option("--ops", bench.ops, "collectives to run (default: all)");
+  benchCmd->add_option("--min-bytes", bench.min_bytes, "smallest message")->check(CLI::PositiveNumber);
+  benchCmd->add_option("--max-bytes", bench.max_bytes, "largest message")->check(CLI::PositiveNumber);
+  benchCmd->add_option("--iters", bench.iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  benchCmd->add_option("--warmup", bench.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  benchCmd->add_option("--dtype", bench.dtype, "float32, float64, int32 or int64");
+  benchCmd->add_option("--timeout", bench.timeout_s, "seconds before a collective is declared hung");
+
+  bool markdown = false;
+  auto* keysCmd = app.add_subcommand("keys", "list every recipe key with its type, default and meaning");
+  keysCmd->add_flag("--markdown", markdown, "print the table used in docs/recipes.md");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ptrain: %s (see ptrain --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    if (runCmd->parsed()) return cmdRun(run);
+    if (checkCmd->parsed()) return cmdCheck(check);
+    if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
+    if (benchCmd->parsed()) return cmdBenchComm(bench);
+    if (keysCmd->parsed()) return cmdKeys(markdown);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ptrain: %s\n", e.what());
+    return e.exitCode();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ptrain::cli

@@ -1,0 +1,16 @@
+#include "ptrain/core/error.h"
+
+namespace ptrain {
+
+// Out-of-line destructors give each exception type one home (its vtable and
+// typeinfo live in libptrain_core), so plugins can throw and the CLI can catch
+// across library boundaries.
+Error::~Error() = default;
+ConfigError::~ConfigError() = default;
+PluginLoadError::~PluginLoadError() = default;
+CommError::~CommError() = default;
+TimeoutError::~TimeoutError() = default;
+CheckpointError::~CheckpointError() = default;
+InternalError::~InternalError() = default;
+
+}  // namespace ptrain

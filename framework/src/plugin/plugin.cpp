@@ -1,0 +1,7 @@
+#include "ptrain/plugin/plugin.h"
+
+namespace ptrain {
+
+Plugin::~Plugin() = default;
+
+}  // namespace ptrain

@@ -1,0 +1,188 @@
+#include "support/test_support.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace fs = std::filesystem;
+
+namespace ptrain::test {
+
+std::string sourceDir() { return PTRAIN_SOURCE_DIR; }
+std::string binaryDir() { return PTRAIN_BINARY_DIR; }
+std::string ptrainBinary() { return std::string(PTRAIN_BINARY_DIR) + "/bin/ptrain"; }
+
+ProcessResult runProcess(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                         double timeoutSeconds, const std::string& cwd) {
+  ProcessResult result;
+  int pipefd[2];
+  if (pipe(pipefd) != 0) {
+    result.output = "pipe failed";
+    return result;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(pipefd[1], STDOUT_FILENO);
+    dup2(pipefd[1], STDERR_FILENO);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(127);
+    for (const auto& e : env) putenv(strdup(e.c_str()));
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(pipefd[1]);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  char buf[4096];
+  bool open_pipe = true;
+  while (open_pipe) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      kill(-pid, SIGKILL);
+      break;
+    }
+    pollfd p{pipefd[0], POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r > 0) {
+      ssize_t n = read(pipefd[0], buf, sizeof(buf));
+      if (n <= 0) open_pipe = false;
+      else result.output.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  // Anything the process group left behind goes too.
+  kill(-pid, SIGKILL);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
+  return result;
+}
+
+ProcessResult runPtrain(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                        double timeoutSeconds, const std::string& cwd) {
+  std::vector<std::string> full{ptrainBinary()};
+  full.insert(full.end(), args.begin(), args.end());
+  return runProcess(full, env, timeoutSeconds, cwd);
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "ptrain-test-XXXXXX").string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  char* dir = mkdtemp(buf.data());
+  if (dir == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = dir;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string TempDir::write(const std::string& name, const std::string& content) const {
+  fs::path p = fs::path(path_) / name;
+  fs::create_directories(p.parent_path());
+  std::ofstream out(p);
+  out << content;
+  return p.string();
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string runRanks(int worldSize, const std::function<void(int, int, int)>& body, double timeoutSeconds) {
+  int port = freePort();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < worldSize; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(rank, worldSize, port);
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 3;
+      }
+      fflush(stdout);
+      fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::ostringstream failures;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  std::vector<bool> done(worldSize, false);
+  int remaining = worldSize;
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int r = 0; r < worldSize; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --remaining;
+        progressed = true;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+          failures << "rank " << r << " failed (status " << status << "); ";
+        }
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < worldSize; ++r) {
+        if (!done[r]) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          failures << "rank " << r << " timed out; ";
+        }
+      }
+      break;
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return failures.str();
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace ptrain::test

@@ -1,0 +1,62 @@
+// Helpers shared by the test suites: run the ptrain binary as a real process,
+// temporary folders that clean up after themselves, free loopback ports.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ptrain::test {
+
+struct ProcessResult {
+  int exit_code = -1;   // exit status, or 128 + signal
+  std::string output;   // stdout and stderr together
+  bool timed_out = false;
+};
+
+// Runs `args` (args[0] is the program) with extra environment entries
+// ("KEY=VALUE"), capturing output. Kills the whole process group after
+// `timeoutSeconds`.
+ProcessResult runProcess(const std::vector<std::string>& args,
+                         const std::vector<std::string>& env = {},
+                         double timeoutSeconds = 300, const std::string& cwd = "");
+
+// Runs build/bin/ptrain with `args`.
+ProcessResult runPtrain(const std::vector<std::string>& args,
+                        const std::vector<std::string>& env = {},
+                        double timeoutSeconds = 300, const std::string& cwd = "");
+
+// Path of the ptrain binary, the source tree and the build tree.
+std::string ptrainBinary();
+std::string sourceDir();
+std::string binaryDir();
+
+// A fresh temporary directory, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  // Writes `content` to path()/name and returns the full path.
+  std::string write(const std::string& name, const std::string& content) const;
+
+ private:
+  std::string path_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int freePort();
+
+// Runs `body(rank, worldSize, port)` in `worldSize` forked processes and waits
+// for all of them (killing them after `timeoutSeconds`). Returns an empty
+// string when every child exited 0, else a description of the failures.
+// Children report gtest failures through their exit code.
+std::string runRanks(int worldSize, const std::function<void(int rank, int worldSize, int port)>& body,
+                     double timeoutSeconds = 120);
+
+// Reads a whole file; "" when it does not exist.
+std::string readFile(const std::string& path);
+
+}  // namespace ptrain::test
