@@ -1,7 +1,97 @@
-// ptrain check: its implementation arrives with the part it belongs to.
+// ptrain check: load a recipe, validate it against the schema and its parallel
+// layout against a world size, without starting any worker.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
-#include "ptrain/core/error.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/layout/validation.h"
+#include "ptrain/plugin/registry.h"
+#include "ptrain/recipe/recipe.h"
+#include "ptrain/recipe/schema.h"
 
 namespace ptrain::cli {
-int cmdCheck(const CheckArgs&) { throw ConfigError("ptrain check: not built yet"); }
+
+// Adds the keys that the trainer named by `trainer.name` declares for its
+// model.* and data.* sections. Returns false, adding nothing and saying why in
+// `whyNot`, when there is no such trainer to ask (no trainer.name, none of that
+// name on the plugin search path, or a library that cannot be loaded); `check`
+// then holds the recipe to the core keys alone, so the trainer's own keys are
+// reported as unknown.
+bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot) {
+  // The recipe is not validated yet: a malformed plugins.paths or trainer.name
+  // is reported by validation, so here it only means "no trainer to ask".
+  std::string name;
+  std::vector<std::string> paths;
+  try {
+    if (!recipe.has("trainer.name")) {
+      *whyNot = "trainer.name is not set";
+      return false;
+    }
+    name = recipe.getString("trainer.name");
+    if (recipe.has("plugins.paths")) paths = recipe.getStringList("plugins.paths");
+  } catch (const ConfigError&) {
+    *whyNot = "trainer.name or plugins.paths is malformed";
+    return false;
+  }
+  try {
+    PluginRegistry registry(PluginRegistry::defaultSearchPath(paths));
+    PluginContext ctx;
+    ctx.logger = logger();
+    ctx.recipe = &recipe;
+    std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, name, ctx, "trainer.name");
+    static_cast<const Trainer&>(*plugin).describeKeys(schema);
+    return true;
+  } catch (const PluginLoadError& e) {
+    *whyNot = e.what();
+    return false;
+  }
+}
+
+namespace {
+
+int report(const std::vector<std::string>& problems) {
+  for (const auto& p : problems) std::fprintf(stderr, "ptrain: %s\n", p.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int cmdCheck(const CheckArgs& args) {
+  Recipe recipe = Recipe::load(args.recipe, args.overrides);
+  Schema schema;
+  describeCoreKeys(schema);
+  std::string whyNot;
+  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot);
+
+  std::vector<std::string> problems = recipe.validateAll(schema);
+  if (!problems.empty()) return report(problems);
+
+  const int world = args.nproc > 0 ? args.nproc : static_cast<int>(recipe.getInt("launch.nproc"));
+  problems = checkLayout(recipe, world);
+  if (!problems.empty()) return report(problems);
+  for (const auto& w : layoutWarnings(recipe, world)) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
+
+  const LayoutPlan plan = planLayout(recipe, world);
+  const LayoutSizes& s = plan.sizes;
+  std::printf("%s: OK\n", args.recipe.c_str());
+  std::printf("layout: world=%d tp=%d pp=%d dp=%d cp=%d ep=%d etp=%d edp=%d", s.world, s.tp, s.pp, plan.dp, s.cp,
+              s.ep, s.etp, plan.edp);
+  if (s.vpp > 1) std::printf(" vpp=%d", s.vpp);
+  std::printf("\n");
+  std::printf("batch: global=%lld micro=%lld%s micro-batches per step=%lld\n",
+              static_cast<long long>(plan.global_batch_size), static_cast<long long>(plan.micro_batch_size),
+              plan.micro_batch_size_derived ? " (global/dp)" : "", static_cast<long long>(plan.micro_batches));
+  const std::string trainer = recipe.getString("trainer.name");
+  if (trainerKeys) {
+    std::printf("trainer: %s\n", trainer.c_str());
+  } else {
+    std::printf("trainer: %s (its own keys were not checked: %s)\n", trainer.c_str(), whyNot.c_str());
+  }
+  return 0;
+}
+
 }  // namespace ptrain::cli

@@ -1,7 +1,117 @@
-// ptrain run: its implementation arrives with the part it belongs to.
+// ptrain run: validate the recipe, prepare the run folder, start the workers;
+// inside a worker, train.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
 #include "cli/commands.h"
-#include "ptrain/core/error.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/checkpoint_io.h"
+#include "ptrain/engine/engine.h"
+#include "ptrain/launch/launcher.h"
+
+namespace fs = std::filesystem;
 
 namespace ptrain::cli {
-int cmdRun(const RunArgs&) { throw ConfigError("ptrain run: not built yet"); }
+namespace {
+
+std::string timestamp() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+// Workers started by another launcher agree on a folder without talking.
+std::string jobId() {
+  for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid", "MASTER_PORT"}) {
+    if (const char* v = std::getenv(var)) return v;
+  }
+  return "0";
+}
+
+std::string selfExe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "ptrain" : p.string();
+}
+
+void printSummary(const TrainSummary& s, const std::string& runDir) {
+  std::printf("\n  %-22s %s\n", "run folder", runDir.c_str());
+  std::printf("  %-22s %lld\n", "steps", static_cast<long long>(s.steps));
+  std::printf("  %-22s %.4f\n", "final loss", s.final_loss);
+  for (const auto& [k, v] : s.eval) std::printf("  %-22s %.4f\n", k.c_str(), v);
+  std::printf("  %-22s %.0f\n", "tokens/s", s.tokens_per_s);
+  std::printf("  %-22s %.1f s\n", "wall time", s.wall_s);
+  std::fflush(stdout);
+}
+
+int runWorker(const RunArgs& args) {
+  RankEnv env = detectRankEnv();
+  initLogging(env.rank, env.world_size, "info");
+  configureIntraOpThreads(env);
+  PreparedRecipe prepared = prepareRecipe(args.recipe, args.overrides, env.world_size, env.rank);
+  initLogging(env.rank, env.world_size, prepared.recipe.getString("log.level"));
+  EngineOptions options;
+  options.resume = args.resume;
+  options.run_dir = args.run_dir.empty() ? "runs/" + prepared.recipe.name() + "/job-" + jobId() : args.run_dir;
+  if (env.rank == 0) fs::create_directories(options.run_dir);
+  TrainSummary summary = train(prepared, env, options);
+  if (env.rank == 0) printSummary(summary, options.run_dir);
+  return 0;
+}
+
+}  // namespace
+
+int cmdRun(const RunArgs& args) {
+  if (isWorkerProcess()) return runWorker(args);
+
+  const int nnodes = args.launch.nnodes;
+  // Everything a worker would refuse is refused here first, before any
+  // folder is made or process started.
+  PreparedRecipe probe = prepareRecipe(args.recipe, args.overrides, 0);
+  const int nproc = args.launch.nproc > 0 ? args.launch.nproc : static_cast<int>(probe.recipe.getInt("launch.nproc"));
+  PreparedRecipe prepared =
+      nproc * nnodes == probe.world_size ? std::move(probe) : prepareRecipe(args.recipe, args.overrides, nproc * nnodes);
+
+  std::string runDir = args.run_dir;
+  if (args.resume) {
+    if (runDir.empty()) throw ConfigError("--resume needs --run-dir DIR: the folder of the run to continue");
+    if (!fs::is_directory(runDir)) throw CheckpointError(runDir + ": run folder not found: nothing to resume");
+    if (!latestCheckpoint(runDir)) {
+      throw CheckpointError(runDir + ": no checkpoint to resume from (" + (fs::path(runDir) / "checkpoints").string() +
+                            " holds no complete step_N folder)");
+    }
+  } else {
+    if (runDir.empty()) runDir = (fs::path("runs") / prepared.recipe.name() / timestamp()).string();
+    if (fs::is_directory(runDir) && latestCheckpoint(runDir)) {
+      throw ConfigError(runDir + " already holds checkpoints: add --resume to continue that run, or choose another "
+                        "--run-dir");
+    }
+    if (args.launch.node_rank == 0) {
+      fs::create_directories(runDir);
+      std::ofstream(fs::path(runDir) / "recipe.yaml") << prepared.recipe.toYaml();
+    }
+  }
+
+  LaunchOptions launch;
+  launch.nproc_per_node = nproc;
+  launch.nnodes = nnodes;
+  launch.node_rank = args.launch.node_rank;
+  if (!args.launch.master_addr.empty()) launch.master_addr = args.launch.master_addr;
+  launch.master_port = args.launch.master_port;
+  launch.command = {selfExe(), "run", args.recipe};
+  for (const auto& o : args.overrides) launch.command.push_back(o);
+  launch.command.push_back("--run-dir");
+  launch.command.push_back(runDir);
+  if (args.resume) launch.command.push_back("--resume");
+  return launchWorkers(launch);
+}
+
 }  // namespace ptrain::cli

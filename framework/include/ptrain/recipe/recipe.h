@@ -5,10 +5,20 @@
 // command-line overrides `a.b.c=value` (value parsed as YAML). Each leaf keeps
 // where it came from, so every error can say file:line:col and the key path.
 //
+// Merging: mappings merge key by key; a scalar or a list replaces what an
+// earlier source had at that path (lists are never concatenated); `null` (or
+// an empty value, `key=` on the command line) removes the key so that its
+// default applies again. Keys may also be written dotted (`train.steps: 5`).
+//
 // Two phases: load() checks syntax and structure; validate(schema) checks
 // every key against the schema (unknown keys with "did you mean", types,
 // ranges, choices, required keys) and fills defaults. Getters are used after
-// validate(). All failures throw ConfigError with one line of text.
+// validate(). All failures throw ConfigError with one line of text of the form
+// `<file>:<line>:<col>: <key.path>: <what is wrong>; <how to fix>`; values from
+// the command line say `<command line>` and schema defaults `<default>`.
+//
+// Thread-safety: const methods may be called from several threads at once;
+// anything else needs exclusive access. Copies are independent.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +36,7 @@ class Node;
 
 namespace ptrain {
 
-struct SourceLocation {
+struct PTRAIN_API SourceLocation {
   std::string file;  // recipe path, "<command line>" or "<default>"
   int line = 0;      // 1-based; 0 when unknown
   int column = 0;    // 1-based
@@ -54,19 +64,31 @@ class PTRAIN_API Recipe {
                            const std::string& baseDir = ".");
 
   // Checks every key against `schema` and fills its defaults. May be called
-  // again with a larger schema (e.g. after the trainer added its keys).
-  void validate(const Schema& schema);
+  // again with a larger schema (e.g. after the trainer added its keys); the
+  // defaults of the earlier schema are dropped first. With `allowUnknown`,
+  // keys the schema does not know are passed over (a first pass with the core
+  // keys, before the trainer adds its own); everything else is checked.
+  // Throws ConfigError with the first problem (saying how many more there are).
+  void validate(const Schema& schema, bool allowUnknown = false);
+  // Same checks, but returns every problem (one line each, in recipe order,
+  // missing required keys last) instead of throwing; empty when the recipe
+  // fits the schema. Defaults are filled either way.
+  std::vector<std::string> validateAll(const Schema& schema, bool allowUnknown = false);
 
   // Recipe name: the `name` key, else the file name without extension.
   const std::string& name() const;
   // The recipe file as given (empty for fromString).
   const std::string& path() const;
 
-  // True when the key has a value (set in a file, an override, or a default).
+  // True when the key has a value (set in a file, an override, or a default),
+  // or, for a section or map key, when some key below it has one.
   bool has(const std::string& key) const;
-  // True when the key was written in a recipe file or an override (not a default).
+  // True when the key (or, for a section, a key below it) was written in a
+  // recipe file, an override or set() rather than filled from a default.
   bool isExplicit(const std::string& key) const;
 
+  // Typed values. Throw ConfigError (location and key path) when the key has
+  // no value or its value does not convert.
   int64_t getInt(const std::string& key) const;
   double getFloat(const std::string& key) const;
   bool getBool(const std::string& key) const;
@@ -78,7 +100,9 @@ class PTRAIN_API Recipe {
   // Every key path under `prefix` (e.g. "model") that has a value, sorted.
   std::vector<std::string> keysUnder(const std::string& prefix) const;
 
-  // Where the value of `key` came from.
+  // Where `key` was written (the key itself, not its value). For a key with no
+  // value: the nearest enclosing section that was written, else the recipe
+  // file at 1:1.
   SourceLocation location(const std::string& key) const;
   // Throws ConfigError "<location>: <key>: <message>".
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
@@ -87,7 +111,9 @@ class PTRAIN_API Recipe {
   // suitable for saving next to a run and loading back.
   std::string toYaml() const;
 
-  // Sets a value programmatically (YAML text), as an override would.
+  // Sets a value programmatically (YAML text), as an override would; its
+  // location reads `<set>`. Throws ConfigError for a malformed key or value.
+  // Call validate() again afterwards to check it.
   void set(const std::string& key, const std::string& yamlValue);
 
  private:

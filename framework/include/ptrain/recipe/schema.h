@@ -4,17 +4,28 @@
 // the keys of its model and data sections. Validation rejects any key that the
 // schema does not list, suggesting the nearest known one. docs/recipes.md is
 // generated from the same table (`ptrain keys --markdown`).
+//
+// Thread-safety: a Schema is a plain value; build it on one thread, then read
+// it from any number of threads.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ptrain/core/error.h"
 
+namespace YAML {
+class Node;
+}
+
 namespace ptrain {
 
+// kMap: a free-form mapping; every key below the path is accepted as is (the
+// plugin that owns it reads it with Recipe::keysUnder and the getters).
 enum class ValueType { kInt, kFloat, kBool, kString, kIntList, kFloatList, kStringList, kMap };
+// "int", "float", "bool", "string", "int list", "float list", "string list", "map".
 PTRAIN_API const char* toString(ValueType type);
 
 struct KeySpec {
@@ -25,23 +36,52 @@ struct KeySpec {
   std::optional<double> min;          // inclusive bounds for numbers (and list elements)
   std::optional<double> max;
   bool min_exclusive = false;         // e.g. lr > 0
-  std::vector<std::string> choices;   // allowed strings
+  bool max_exclusive = false;         // e.g. beta1 < 1
+  std::vector<std::string> choices;   // allowed strings (and list elements)
   std::string doc;                    // one sentence for docs/recipes.md
 };
 
 class PTRAIN_API Schema {
  public:
-  // Adds or replaces (same path) a key.
+  Schema();
+  ~Schema();
+  Schema(const Schema&);
+  Schema& operator=(const Schema&);
+
+  // Adds or replaces (same path) a key. A replaced key keeps its place in
+  // keys(). Throws InternalError when the spec contradicts itself (a malformed
+  // path, a default of the wrong type, out of its own range or choices, or a
+  // default on a required key): that is a bug in whoever describes the key.
   void add(KeySpec spec);
+  // nullptr when `path` is not a key.
   const KeySpec* find(const std::string& path) const;
+  // In the order they were first added.
   const std::vector<KeySpec>& keys() const { return keys_; }
-  // The known key nearest to `path` (edit distance), or "" when none is close.
+  // True when some key lies below `path` (e.g. "train" for "train.steps").
+  bool isSection(const std::string& path) const;
+  // The known key nearest to `path` (edit distance on the whole path, else the
+  // same last name in another section, e.g. "train.lr" -> "optimizer.lr"), or
+  // "" when none is close.
   std::string suggest(const std::string& path) const;
-  // Markdown table of every key, grouped by section.
+  // Markdown: one heading and table (key, type, default, allowed, meaning)
+  // per top-level section, in the order keys were added.
   std::string markdown() const;
+  // Plain text for a terminal: one key per line, aligned columns.
+  std::string text() const;
+
+  // Checks one value against `spec`. Returns "" when it is fine, else
+  // "<what is wrong>; <how to fix>" (no location, no key path). For a list
+  // whose element is wrong, `badElement` (when given) receives its index.
+  static std::string checkValue(const KeySpec& spec, const YAML::Node& value,
+                                int* badElement = nullptr);
+  // "an integer", "true or false", "a list of numbers", ... for messages.
+  static std::string typeDescription(ValueType type);
+  // Human range of a numeric spec: ">= 1", "> 0", "in [0, 1)"; "" when unbounded.
+  static std::string rangeText(const KeySpec& spec);
 
  private:
   std::vector<KeySpec> keys_;
+  std::map<std::string, size_t> index_;
 };
 
 // Keys of the sections the core owns: name, launch, plugins, trainer, model

@@ -1,0 +1,56 @@
+// StagedModel: what a trainer's model exposes so that the engine and the
+// parallel plugins can run and split it without knowing what it computes.
+//
+// A model is a sequence: embed (first stage) -> blocks 0..n-1 -> head and loss
+// (last stage). The pipeline plugin gives each stage a contiguous run of
+// blocks; the tensor plugin shards the ptrain::nn parallel layers the model is
+// built from (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding);
+// the data plugin reduces gradients. With no parallelism the engine simply
+// calls embed, every block, then head.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "ptrain/engine/batch.h"
+
+namespace ptrain {
+
+// The loss of one micro-batch as a sum over the items it counts (e.g. answer
+// tokens) and that count. The engine divides by the count of the whole global
+// batch, so every split of the batch (micro-batches, data-parallel ranks)
+// yields the same gradient as one rank would.
+struct LossOutput {
+  at::Tensor loss_sum;  // scalar, differentiable
+  double count = 0;     // items in loss_sum
+};
+
+class PTRAIN_API StagedModel {
+ public:
+  virtual ~StagedModel();
+
+  // Owns every parameter, named hierarchically (e.g. "blocks.3.mlp.fc1.weight").
+  virtual torch::nn::Module& module() = 0;
+
+  virtual int numBlocks() const = 0;
+  // Parameter-name prefix of block i (e.g. "blocks.3."), of the parts before
+  // the blocks ("embed.") and after them ("head."). Used to place parameters
+  // on pipeline stages and to tell norms and biases from weights.
+  virtual std::string blockPrefix(int index) const = 0;
+  virtual std::vector<std::string> embedPrefixes() const = 0;
+  virtual std::vector<std::string> headPrefixes() const = 0;
+
+  // First stage: inputs of a micro-batch -> hidden states.
+  virtual at::Tensor embed(const Batch& micro) = 0;
+  // One block: hidden -> hidden (same shape).
+  virtual at::Tensor runBlock(int index, const at::Tensor& hidden) = 0;
+  // Last stage: hidden -> loss over the micro-batch's targets.
+  virtual LossOutput head(const at::Tensor& hidden, const Batch& micro) = 0;
+
+  // Whole model on one rank: embed, every block, head.
+  LossOutput forward(const Batch& micro);
+};
+
+}  // namespace ptrain

@@ -1,0 +1,75 @@
+// AdamW with decoupled weight decay, learning-rate schedules and global-norm
+// gradient clipping.
+//
+// Update rule (as torch.optim.AdamW): p -= lr * wd * p; m = b1 m + (1-b1) g;
+// v = b2 v + (1-b2) g^2; p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
+// Parameters with fewer than two dimensions (biases, norm scales) get no
+// weight decay. Updates run as fused multi-tensor (foreach) kernels.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "ptrain/core/error.h"
+
+namespace ptrain {
+
+class Recipe;
+
+struct OptimizerOptions {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double min_lr = 0;
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double clip_grad = 1.0;  // 0: no clipping
+  std::string schedule = "constant";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  static OptimizerOptions fromRecipe(const Recipe& recipe);
+};
+
+// Learning rate of `step` (0-based): linear warm-up from lr/warmup to lr over
+// warmup_steps, then constant, or linear / cosine decay to min_lr at total_steps.
+PTRAIN_API double learningRate(const OptimizerOptions& options, int64_t step);
+
+class PTRAIN_API Optimizer {
+ public:
+  // `named` parameters, in a stable order; the optimizer keeps references.
+  Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, OptimizerOptions options);
+
+  // One update with learning rate `lr`. Parameters without a gradient are skipped.
+  void step(double lr);
+  void zeroGrad();
+  int64_t stepCount() const { return step_; }
+  const OptimizerOptions& options() const { return options_; }
+  // The parameters it updates, in order.
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+
+  // State as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>") for
+  // checkpoints, and back. load() checks names and shapes (CheckpointError).
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  void load(const std::map<std::string, at::Tensor>& state, int64_t stepCount);
+
+ private:
+  OptimizerOptions options_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_, expAvg_, expAvgSq_;
+  std::vector<bool> hasDecay_;
+  int64_t step_ = 0;
+};
+
+// Scales every gradient so their global L2 norm is at most maxNorm (no-op
+// when maxNorm <= 0). Returns the norm before clipping. `sumSquares`, when
+// given, turns the local sum of squares into the global one (e.g. summing
+// over tensor-parallel shards); it is called once.
+PTRAIN_API double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
+                               const std::function<void(at::Tensor&)>& sumSquares = {});
+
+}  // namespace ptrain

@@ -1,0 +1,58 @@
+// Trainer: the interface of a `trainer` plugin. A trainer owns one task: its
+// recipe keys (model.*, data.*), its data, its model and its evaluation metric.
+// The engine owns everything else (parallelism, precision, optimizer, loop,
+// checkpoints, metrics).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "ptrain/engine/batch.h"
+#include "ptrain/engine/model.h"
+#include "ptrain/plugin/plugin.h"
+#include "ptrain/recipe/schema.h"
+
+namespace ptrain {
+
+class Recipe;
+
+// What evaluation may use: its shard of the evaluation set, and a sum across
+// the data-parallel ranks (every rank of the group must call it equally often).
+struct EvalContext {
+  int shard = 0;
+  int num_shards = 1;
+  std::function<void(at::Tensor&)> all_reduce_sum;
+};
+
+class PTRAIN_API Trainer : public Plugin {
+ public:
+  ~Trainer() override;
+  const char* kind() const final { return plugin_kind::kTrainer; }
+
+  // Adds the trainer's keys (model.*, data.* beyond the core ones).
+  virtual void describeKeys(Schema& schema) const = 0;
+  // Reads its keys from the validated recipe and prepares the data. Throws
+  // ConfigError (via recipe.fail) for values that are valid alone but not
+  // together (e.g. a sequence too short for the problems).
+  virtual void setup(const Recipe& recipe) = 0;
+  // A new model with freshly initialised weights; the engine seeds torch's
+  // generator first, so equal seeds give equal weights.
+  virtual std::shared_ptr<StagedModel> buildModel() = 0;
+  // The global batch of `step` (0-based): a pure function of the seed, the
+  // step and the size, so every rank draws the same one and splits it.
+  virtual Batch globalBatch(int64_t step, int64_t globalBatchSize) = 0;
+  // Items the loss of `batch` sums over (e.g. answer tokens): the engine
+  // divides every micro-batch's loss_sum by this count for the whole global
+  // batch. Default: one per row.
+  virtual double lossCount(const Batch& batch) const { return static_cast<double>(batch.size()); }
+  // Tokens (or samples) in a batch, for throughput figures.
+  virtual double tokensIn(const Batch& batch) const = 0;
+  // FLOPs of one training step on `tokens` tokens (forward + backward), for MFU.
+  virtual double trainFlops(double tokens) const { return 0; }
+  // Metrics named eval_* (e.g. eval_exact_match in [0, 1], eval_loss).
+  virtual std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) = 0;
+};
+
+}  // namespace ptrain

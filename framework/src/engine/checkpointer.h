@@ -1,0 +1,34 @@
+// Saves and restores training state under RUN_DIR/checkpoints/step_N/:
+// model.safetensors (unsharded parameters by name), optimizer.safetensors
+// (AdamW moments), meta.json (step, RNG state, data position, recipe, layout,
+// parameter shapes). Written atomically by rank 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ptrain {
+
+class Optimizer;
+class ProcessGroup;
+class Recipe;
+class StagedModel;
+
+class Checkpointer {
+ public:
+  Checkpointer(std::string runDir, const Recipe& recipe, std::string layout);
+
+  // Collective over `world`: `writer` writes, everyone waits until it is done.
+  void save(int64_t step, StagedModel& model, const Optimizer& optimizer, bool writer, ProcessGroup& world);
+  // Loads the newest checkpoint into model and optimizer, restores the RNG
+  // state; returns its step. Throws CheckpointError when there is none, or
+  // it is corrupt or from another model.
+  int64_t restoreLatest(StagedModel& model, Optimizer& optimizer);
+
+ private:
+  std::string runDir_;
+  const Recipe& recipe_;
+  std::string layout_;
+};
+
+}  // namespace ptrain

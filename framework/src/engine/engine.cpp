@@ -1,0 +1,187 @@
+#include "ptrain/engine/engine.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include "engine/checkpointer.h"
+#include "engine/progress.h"
+#include "ptrain/comm/communicator.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/optimizer.h"
+#include "ptrain/engine/parallel.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/plugin/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+double peakRssMb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// The parallel plugins a layout needs, in the order they are applied.
+std::vector<std::string> parallelPluginsFor(const ParallelLayout& layout) {
+  std::vector<std::string> names;
+  if (layout.tp() > 1) names.push_back("tensor");
+  if (layout.ep() > 1) names.push_back("expert");
+  if (layout.pp() > 1) names.push_back("pipeline");
+  names.push_back("data");
+  return names;
+}
+
+}  // namespace
+
+TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOptions& options) {
+  const Recipe& recipe = prepared.recipe;
+  Trainer& trainer = *prepared.trainer;
+  const auto wallStart = Clock::now();
+
+  PluginContext ctx;
+  ctx.logger = logger();
+  ctx.recipe = &recipe;
+  ctx.rank = env.rank;
+  ctx.world_size = env.world_size;
+
+  CommunicatorOptions commOptions;
+  commOptions.backend = recipe.getString("communication.backend");
+  commOptions.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));
+  Communicator comm(env, ParallelLayout::fromRecipe(recipe, env.world_size), *prepared.registry, ctx,
+                    commOptions);
+  const ParallelLayout& layout = comm.layout();
+  auto dpGroup = comm.group(GroupKind::kData);
+  const int dpRank = dpGroup->rank();
+  const int dp = dpGroup->size();
+  const bool isRankZero = env.rank == 0;
+  for (const auto& w : prepared.warnings)
+    if (isRankZero) logger()->warn("{}", w);
+
+  // Same seed, same weights on every rank and in every layout.
+  const int64_t seed = recipe.getInt("train.seed");
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  auto model = trainer.buildModel();
+  model->module().train();
+
+  std::vector<std::unique_ptr<Plugin>> pluginObjects;
+  std::vector<ParallelPlugin*> parallel;
+  for (const auto& name : parallelPluginsFor(layout)) {
+    pluginObjects.push_back(prepared.registry->create(plugin_kind::kParallel, name, ctx, "parallel"));
+    parallel.push_back(static_cast<ParallelPlugin*>(pluginObjects.back().get()));
+    parallel.back()->apply(*model, comm);
+  }
+
+  Optimizer optimizer(model->module().named_parameters().pairs(), OptimizerOptions::fromRecipe(recipe));
+  Checkpointer checkpointer(options.run_dir, recipe, layout.describe());
+
+  const int64_t steps = recipe.getInt("train.steps");
+  const int64_t globalBatch = recipe.getInt("train.global_batch_size");
+  const int64_t localBatch = globalBatch / dp;
+  const int64_t micro = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : localBatch;
+  const int numMicro = static_cast<int>(localBatch / micro);
+  const int64_t evalEvery = recipe.getInt("train.eval_every");
+  const int64_t logEvery = recipe.getInt("train.log_every");
+  const int64_t ckptEvery = recipe.getInt("checkpoint.every");
+
+  int64_t step = 0;
+  if (options.resume) {
+    step = checkpointer.restoreLatest(*model, optimizer);
+    if (isRankZero) logger()->info("resumed from step {} in {}", step, options.run_dir);
+  }
+
+  MetricsWriter metrics(isRankZero ? (fs::path(options.run_dir) / "metrics.jsonl").string() : "");
+  Progress progress(isRankZero, recipe.getString("log.progress"), steps, step);
+
+  auto evaluate = [&]() {
+    EvalContext ectx;
+    ectx.shard = dpRank;
+    ectx.num_shards = dp;
+    ectx.all_reduce_sum = [&](at::Tensor& t) { dpGroup->allreduce(t)->wait(); };
+    model->module().eval();
+    auto result = trainer.evaluate(*model, ectx);
+    model->module().train();
+    return result;
+  };
+
+  TrainSummary summary;
+  double tokensTotal = 0, timeTotal = 0;
+  while (step < steps) {
+    const auto stepStart = Clock::now();
+    Batch batch = trainer.globalBatch(step, globalBatch);
+    // Items the loss is averaged over, counted on the whole global batch so
+    // every split of it normalises the same way.
+    const double globalCount = trainer.lossCount(batch);
+    Batch local = batch.slice(dpRank * localBatch, (dpRank + 1) * localBatch);
+
+    double lossSum = 0;
+    for (int m = 0; m < numMicro; ++m) {
+      Batch mb = local.slice(m * micro, (m + 1) * micro);
+      for (auto* p : parallel) p->beforeBackward(m, numMicro);
+      LossOutput out = model->forward(mb);
+      (out.loss_sum / globalCount).backward();
+      lossSum += out.loss_sum.item<double>();
+    }
+    for (auto* p : parallel) p->finishGradients();
+
+    const double lr = learningRate(optimizer.options(), step);
+    const double gradNorm = clipGradNorm(optimizer.parameters(), optimizer.options().clip_grad);
+    optimizer.step(lr);
+    optimizer.zeroGrad();
+    ++step;
+
+    at::Tensor lossT = torch::tensor({lossSum}, torch::kFloat64);
+    if (dp > 1) dpGroup->allreduce(lossT)->wait();
+    const double loss = lossT.item<double>() / globalCount;
+    const double stepTime = seconds(stepStart);
+    const double tokens = trainer.tokensIn(batch);
+    tokensTotal += tokens;
+    timeTotal += stepTime;
+    summary.final_loss = loss;
+
+    nlohmann::json line{{"step", step},
+                        {"loss", loss},
+                        {"lr", lr},
+                        {"grad_norm", gradNorm},
+                        {"tokens_per_s", tokens / stepTime},
+                        {"step_time_s", stepTime},
+                        {"peak_rss_mb", peakRssMb()}};
+    for (auto* p : parallel)
+      for (const auto& [k, v] : p->stepStats()) line[k] = v;
+    metrics.write(line);
+    progress.update(step, loss, tokens / stepTime, step % logEvery == 0 || step == steps);
+
+    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) {
+      summary.eval = evaluate();
+      nlohmann::json evalLine{{"step", step}};
+      for (const auto& [k, v] : summary.eval) evalLine[k] = v;
+      metrics.write(evalLine);
+      progress.note(formatEval(step, summary.eval));
+    }
+    if ((ckptEvery > 0 && step % ckptEvery == 0) ||
+        (step == steps && recipe.getBool("checkpoint.save_final"))) {
+      checkpointer.save(step, *model, optimizer, isRankZero, *dpGroup);
+    }
+  }
+  progress.finish();
+  summary.steps = step;
+  summary.tokens_per_s = timeTotal > 0 ? tokensTotal / timeTotal : 0;
+  summary.wall_s = seconds(wallStart);
+  comm.world().barrier()->wait();
+  return summary;
+}
+
+}  // namespace ptrain

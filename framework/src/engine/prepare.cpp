@@ -1,0 +1,52 @@
+#include <sstream>
+
+#include "ptrain/engine/engine.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/layout/validation.h"
+#include "ptrain/plugin/registry.h"
+
+namespace ptrain {
+
+PreparedRecipe::PreparedRecipe() = default;
+PreparedRecipe::~PreparedRecipe() = default;
+PreparedRecipe::PreparedRecipe(PreparedRecipe&&) noexcept = default;
+
+PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::string>& overrides, int worldSize,
+                             int rank) {
+  PreparedRecipe out;
+  out.recipe = Recipe::load(path, overrides);
+
+  // The core keys first: they say where plugins are and which trainer to load.
+  Schema schema;
+  describeCoreKeys(schema);
+  Recipe probe = out.recipe;
+  probe.validate(schema, /*allowUnknown=*/true);
+
+  out.registry = std::make_unique<PluginRegistry>(
+      PluginRegistry::defaultSearchPath(probe.getStringList("plugins.paths")));
+  PluginContext ctx;
+  ctx.recipe = &out.recipe;
+  ctx.rank = rank;
+  const std::string trainerName = probe.getString("trainer.name");
+  try {
+    auto plugin = out.registry->create(plugin_kind::kTrainer, trainerName, ctx, "trainer.name");
+    out.trainer.reset(static_cast<Trainer*>(plugin.release()));
+  } catch (const PluginLoadError& e) {
+    probe.fail("trainer.name", e.what());
+  }
+  out.trainer->describeKeys(schema);
+  out.recipe.validate(schema);
+
+  out.world_size = worldSize > 0 ? worldSize : static_cast<int>(out.recipe.getInt("launch.nproc"));
+  auto problems = checkLayout(out.recipe, out.world_size);
+  if (!problems.empty()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
+    throw ConfigError(os.str());
+  }
+  out.warnings = layoutWarnings(out.recipe, out.world_size);
+  out.trainer->setup(out.recipe);
+  return out;
+}
+
+}  // namespace ptrain

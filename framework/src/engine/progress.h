@@ -1,0 +1,46 @@
+// Progress display and metrics file of rank 0.
+#pragma once
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ptrain {
+
+// Appends one JSON object per line; inactive (writes nothing) when the path is empty.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  void write(const nlohmann::json& line);
+
+ private:
+  std::ofstream out_;
+};
+
+// A live bar on a terminal (step, loss, tokens/s, ETA) or plain lines.
+// mode: auto | bar | lines | none. Inactive on ranks other than 0.
+class Progress {
+ public:
+  Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep);
+  // `logLine`: whether this step is due for a plain line.
+  void update(int64_t step, double loss, double tokensPerSecond, bool logLine);
+  // A message printed on its own line (e.g. evaluation results).
+  void note(const std::string& message);
+  void finish();
+
+ private:
+  void clearBar();
+  bool active_;
+  bool bar_;
+  int64_t total_;
+  int64_t start_;
+  double startTime_;
+  bool barShown_ = false;
+};
+
+std::string formatEval(int64_t step, const std::map<std::string, double>& eval);
+
+}  // namespace ptrain

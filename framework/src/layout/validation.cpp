@@ -1,0 +1,315 @@
+#include "ptrain/layout/validation.h"
+
+#include <functional>
+
+#include "ptrain/recipe/recipe.h"
+#include "recipe/text_util.h"
+
+namespace ptrain {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+// "8 or 12": the multiples of `step` on either side of `n` (only the upper
+// one when the lower would be 0).
+std::string nearMultiples(int64_t n, int64_t step) {
+  int64_t lo = (n / step) * step;
+  int64_t hi = lo + step;
+  if (lo <= 0) return std::to_string(hi);
+  return std::to_string(lo) + " or " + std::to_string(hi);
+}
+
+std::string list(const std::vector<int64_t>& v) { return text::joinOr(v); }
+
+// The values a check reads, with "not set" for optional model keys.
+struct Values {
+  const Recipe& r;
+  int64_t world;
+  int64_t tp, pp, vpp, cp, ep, etp;
+  bool sequenceParallel;
+  std::string schedule;
+
+  explicit Values(const Recipe& recipe, int worldSize)
+      : r(recipe),
+        world(worldSize),
+        tp(recipe.getInt("parallel.tensor_model_parallel_size")),
+        pp(recipe.getInt("parallel.pipeline_model_parallel_size")),
+        vpp(recipe.getInt("parallel.virtual_pipeline_model_parallel_size")),
+        cp(recipe.getInt("parallel.context_parallel_size")),
+        ep(recipe.getInt("parallel.expert_model_parallel_size")),
+        etp(recipe.getInt("parallel.expert_tensor_parallel_size")),
+        sequenceParallel(recipe.getBool("parallel.sequence_parallel")),
+        schedule(recipe.getString("parallel.pipeline_schedule")) {}
+
+  // 0 when the recipe leaves an optional key unset.
+  int64_t model(const char* key) const {
+    std::string k = std::string("model.") + key;
+    return r.has(k) ? r.getInt(k) : 0;
+  }
+
+  // Location of the key to blame: the first of `keys` written by the user,
+  // else where the first one would go (its section, or the recipe file).
+  std::string at(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys) {
+      if (r.isExplicit(k)) return r.location(k).str() + ": ";
+    }
+    return written(*keys.begin());
+  }
+
+  std::string written(const std::string& key) const {
+    if (r.isExplicit(key)) return r.location(key).str() + ": ";
+    return r.location(key.substr(0, key.find('.'))).str() + ": ";
+  }
+};
+
+const char* kTp = "parallel.tensor_model_parallel_size";
+const char* kPp = "parallel.pipeline_model_parallel_size";
+const char* kVpp = "parallel.virtual_pipeline_model_parallel_size";
+const char* kCp = "parallel.context_parallel_size";
+const char* kEp = "parallel.expert_model_parallel_size";
+const char* kEtp = "parallel.expert_tensor_parallel_size";
+const char* kSp = "parallel.sequence_parallel";
+const char* kSchedule = "parallel.pipeline_schedule";
+const char* kLayout = "parallel.pipeline_layout";
+const char* kLayers = "model.num_layers";
+const char* kHeads = "model.num_attention_heads";
+const char* kHidden = "model.hidden_size";
+const char* kFfn = "model.ffn_hidden_size";
+const char* kExperts = "model.num_experts";
+const char* kTopk = "model.moe_router_topk";
+const char* kSeq = "model.seq_length";
+const char* kGlobal = "train.global_batch_size";
+const char* kMicro = "train.micro_batch_size";
+
+std::string worldMessage(int64_t world, const std::string& names, int64_t product) {
+  return "world size " + std::to_string(world) + " is not divisible by " + names + "=" + std::to_string(product) +
+         ": use --nproc " + nearMultiples(world, product) + ", or sizes whose product divides " +
+         std::to_string(world) + " (" + list(divisors(world)) + ")";
+}
+
+// Blame the sizes that are not 1, the user's first.
+std::string blameGrid(const Values& v, std::vector<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [k, n] : sizes) {
+    if (n > 1 && v.r.isExplicit(k)) return v.r.location(k).str() + ": ";
+  }
+  for (const auto& [k, n] : sizes) {
+    if (n > 1) return v.written(k);
+  }
+  return v.written(sizes.front().first);
+}
+
+bool denseGridFits(const Values& v) { return v.world % (v.tp * v.pp * v.cp) == 0; }
+
+}  // namespace
+
+std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
+  std::vector<std::string> out;
+  if (worldSize < 1) {
+    out.push_back(Values(recipe, 1).written("launch.nproc") + "world size " + std::to_string(worldSize) +
+                  " is not valid: use --nproc 1 or more");
+    return out;
+  }
+  const Values v(recipe, worldSize);
+  auto n = [](int64_t x) { return std::to_string(x); };
+
+  // The dense grid tp x cp x dp x pp must tile the world.
+  const int64_t dense = v.tp * v.pp * v.cp;
+  const bool denseOk = denseGridFits(v);
+  if (!denseOk) {
+    out.push_back(blameGrid(v, {{kTp, v.tp}, {kPp, v.pp}, {kCp, v.cp}}) +
+                  worldMessage(v.world, "tensor_model_parallel_size*pipeline_model_parallel_size*context_parallel_size",
+                               dense));
+  }
+
+  // The expert grid etp x ep x edp x pp over the same ranks (MoE only).
+  const int64_t experts = v.model("num_experts");
+  if (experts > 0 && v.ep * v.etp > 1) {
+    const int64_t grid = v.etp * v.ep * v.pp;
+    if (v.world % grid != 0) {
+      out.push_back(blameGrid(v, {{kEtp, v.etp}, {kEp, v.ep}, {kPp, v.pp}}) +
+                    worldMessage(v.world,
+                                 "expert_tensor_parallel_size*expert_model_parallel_size*pipeline_model_parallel_size",
+                                 grid));
+    }
+  }
+
+  // Interleaving needs model chunks, and model chunks need the interleaved schedule.
+  if (v.vpp > 1 && v.pp == 1) {
+    out.push_back(v.at({kVpp}) + "virtual_pipeline_model_parallel_size=" + n(v.vpp) +
+                  " needs pipeline_model_parallel_size > 1: set pipeline_model_parallel_size to 2 or more, "
+                  "or virtual_pipeline_model_parallel_size to 1");
+  } else if (v.vpp > 1 && v.schedule != "interleaved") {
+    out.push_back(v.at({kVpp, kSchedule}) + "virtual_pipeline_model_parallel_size=" + n(v.vpp) +
+                  " needs pipeline_schedule=interleaved, not " + v.schedule +
+                  ": set pipeline_schedule to interleaved, or virtual_pipeline_model_parallel_size to 1");
+  }
+  if (v.schedule == "interleaved" && v.vpp == 1) {
+    out.push_back(v.at({kSchedule}) +
+                  "pipeline_schedule=interleaved needs virtual_pipeline_model_parallel_size > 1: set it to 2 or "
+                  "more, or use pipeline_schedule 1f1b");
+  }
+
+  // Blocks per stage.
+  const int64_t layers = v.model("num_layers");
+  const int64_t stages = v.pp * v.vpp;
+  const std::string stageNames = v.vpp > 1 ? "pipeline_model_parallel_size*virtual_pipeline_model_parallel_size"
+                                           : "pipeline_model_parallel_size";
+  if (recipe.has(kLayout)) {
+    std::vector<int64_t> layout = recipe.getIntList(kLayout);
+    int64_t sum = 0;
+    for (int64_t b : layout) sum += b;
+    if (static_cast<int64_t>(layout.size()) != stages) {
+      out.push_back(v.at({kLayout}) + "pipeline_layout has " + n(static_cast<int64_t>(layout.size())) +
+                    (layout.size() == 1 ? " entry but " : " entries but ") + stageNames + "=" + n(stages) + ": give " +
+                    (stages == 1 ? std::string("1 entry") : n(stages) + " entries") + ", one per stage");
+    } else if (layers > 0 && sum != layers) {
+      out.push_back(v.at({kLayout}) + "pipeline_layout sums to " + n(sum) + " but num_layers=" + n(layers) +
+                    ": make the entries add up to " + n(layers));
+    }
+  } else if (layers > 0 && layers % stages != 0) {
+    if (v.vpp > 1) {
+      out.push_back(v.at({kPp, kVpp, kLayers}) + stageNames + "=" + n(stages) + " does not divide num_layers=" +
+                    n(layers) + ": use sizes whose product is " + list(divisors(layers)) +
+                    ", or give parallel.pipeline_layout");
+    } else {
+      out.push_back(v.at({kPp, kLayers}) + "pipeline_model_parallel_size=" + n(v.pp) + " does not divide num_layers=" +
+                    n(layers) + ": use " + list(divisors(layers)) + ", or give parallel.pipeline_layout");
+    }
+  }
+
+  // Tensor parallelism splits heads and the MLP; heads split the hidden size.
+  const int64_t heads = v.model("num_attention_heads");
+  const int64_t hidden = v.model("hidden_size");
+  if (heads > 0 && heads % v.tp != 0) {
+    out.push_back(v.at({kTp, kHeads}) + "tensor_model_parallel_size=" + n(v.tp) +
+                  " does not divide num_attention_heads=" + n(heads) + ": use " + list(divisors(heads)));
+  }
+  if (heads > 0 && hidden > 0 && hidden % heads != 0) {
+    out.push_back(v.at({kHeads, kHidden}) + "num_attention_heads=" + n(heads) + " does not divide hidden_size=" +
+                  n(hidden) + ": use " + list(divisors(hidden)));
+  }
+  const int64_t ffnSet = v.model("ffn_hidden_size");
+  const int64_t ffn = ffnSet > 0 ? ffnSet : 4 * hidden;
+  if (ffn > 0 && ffn % v.tp != 0) {
+    out.push_back((ffnSet > 0 ? v.at({kTp, kFfn}) : v.at({kTp, kHidden})) + "tensor_model_parallel_size=" + n(v.tp) +
+                  " does not divide ffn_hidden_size=" + n(ffn) + (ffnSet > 0 ? "" : " (4*hidden_size)") + ": use " +
+                  list(divisors(ffn)));
+  }
+
+  // Experts.
+  if (experts == 0 && v.ep > 1) {
+    out.push_back(v.at({kEp}) + "expert_model_parallel_size=" + n(v.ep) +
+                  " needs a MoE model, but num_experts=0: set model.num_experts to a multiple of " + n(v.ep) +
+                  ", or expert_model_parallel_size to 1");
+  }
+  if (experts > 0 && experts % v.ep != 0) {
+    out.push_back(v.at({kEp, kExperts}) + "expert_model_parallel_size=" + n(v.ep) + " does not divide num_experts=" +
+                  n(experts) + ": use " + list(divisors(experts)));
+  }
+  if (experts > 0) {
+    const int64_t topk = recipe.getInt(kTopk);
+    if (topk > experts) {
+      out.push_back(v.at({kTopk, kExperts}) + "moe_router_topk=" + n(topk) + " exceeds num_experts=" + n(experts) +
+                    ": use at most " + n(experts));
+    }
+  }
+
+  // The global batch splits into micro-batches on every data-parallel rank.
+  if (denseOk) {
+    const int64_t dp = v.world / dense;
+    const int64_t global = recipe.getInt(kGlobal);
+    if (recipe.has(kMicro)) {
+      const int64_t micro = recipe.getInt(kMicro);
+      if (global % (micro * dp) != 0) {
+        std::string fix = "use global_batch_size " + nearMultiples(global, micro * dp);
+        if (global % dp == 0) fix += ", or micro_batch_size " + list(divisors(global / dp));
+        out.push_back(v.at({kGlobal, kMicro}) + "global_batch_size=" + n(global) +
+                      " is not divisible by micro_batch_size*dp=" + n(micro * dp) + " (micro_batch_size=" + n(micro) +
+                      ", dp=" + n(dp) + "): " + fix);
+      }
+    } else if (global % dp != 0) {
+      out.push_back(v.at({kGlobal}) + "global_batch_size=" + n(global) + " is not divisible by data-parallel size dp=" +
+                    n(dp) + ", so micro_batch_size (not set) cannot default to global_batch_size/dp: use "
+                    "global_batch_size " + nearMultiples(global, dp));
+    }
+  }
+
+  // Context parallelism splits the sequence; sequence parallelism splits each
+  // context chunk again across the tensor-parallel group.
+  const int64_t seq = v.model("seq_length");
+  bool seqOk = true;
+  if (seq > 0 && v.cp > 1 && seq % v.cp != 0) {
+    seqOk = false;
+    out.push_back(v.at({kCp, kSeq}) + "context_parallel_size=" + n(v.cp) + " does not divide seq_length=" + n(seq) +
+                  ": use seq_length " + nearMultiples(seq, v.cp) + ", or context_parallel_size " +
+                  list(divisors(seq)));
+  }
+  if (seqOk && seq > 0 && v.sequenceParallel && v.tp > 1 && seq % (v.tp * v.cp) != 0) {
+    const std::string names = v.cp > 1 ? "tensor_model_parallel_size*context_parallel_size"
+                                       : "tensor_model_parallel_size";
+    out.push_back(v.at({kSp}) + "sequence_parallel needs seq_length=" + n(seq) + " divisible by " + names + "=" +
+                  n(v.tp * v.cp) + ": use seq_length " + nearMultiples(seq, v.tp * v.cp) +
+                  ", or set sequence_parallel to false");
+  }
+  return out;
+}
+
+std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize) {
+  std::vector<std::string> out;
+  if (worldSize < 1) return out;
+  const Values v(recipe, worldSize);
+  if (v.sequenceParallel && v.tp == 1) {
+    out.push_back(v.at({kSp}) + "sequence_parallel has no effect with tensor_model_parallel_size=1; it is ignored");
+  }
+  const int64_t experts = v.model("num_experts");
+  if (experts == 0 && v.etp > 1) {
+    out.push_back(v.at({kEtp}) + "expert_tensor_parallel_size=" + std::to_string(v.etp) +
+                  " has no effect on a dense model (num_experts=0); it is ignored");
+  }
+  if (v.pp > 1 && checkLayout(recipe, worldSize).empty()) {
+    LayoutPlan plan = planLayout(recipe, worldSize);
+    if (plan.micro_batches < v.pp) {
+      out.push_back(v.at({kMicro, kGlobal}) + "only " + std::to_string(plan.micro_batches) +
+                    (plan.micro_batches == 1 ? " micro-batch" : " micro-batches") +
+                    " per step for pipeline_model_parallel_size=" + std::to_string(v.pp) +
+                    ", so stages sit idle: make global_batch_size / (micro_batch_size*dp) at least " +
+                    std::to_string(v.pp));
+    }
+  }
+  return out;
+}
+
+LayoutPlan planLayout(const Recipe& recipe, int worldSize) {
+  std::vector<std::string> problems = checkLayout(recipe, worldSize);
+  if (!problems.empty()) throw ConfigError(problems.front());
+  const Values v(recipe, worldSize);
+  LayoutPlan plan;
+  plan.sizes.world = worldSize;
+  plan.sizes.tp = static_cast<int>(v.tp);
+  plan.sizes.cp = static_cast<int>(v.cp);
+  plan.sizes.pp = static_cast<int>(v.pp);
+  plan.sizes.vpp = static_cast<int>(v.vpp);
+  // A dense model has no expert grid: checkLayout refuses ep > 1 there and
+  // layoutWarnings reports etp > 1 as ignored, so both are 1.
+  const bool moe = v.model("num_experts") > 0;
+  plan.sizes.ep = moe ? static_cast<int>(v.ep) : 1;
+  plan.sizes.etp = moe ? static_cast<int>(v.etp) : 1;
+  plan.dp = static_cast<int>(v.world / (v.tp * v.pp * v.cp));
+  plan.edp = static_cast<int>(v.world / (int64_t{plan.sizes.etp} * plan.sizes.ep * v.pp));
+  plan.global_batch_size = recipe.getInt(kGlobal);
+  plan.micro_batch_size_derived = !recipe.has(kMicro);
+  plan.micro_batch_size = plan.micro_batch_size_derived ? plan.global_batch_size / plan.dp : recipe.getInt(kMicro);
+  plan.micro_batches = plan.global_batch_size / (plan.micro_batch_size * plan.dp);
+  return plan;
+}
+
+}  // namespace ptrain

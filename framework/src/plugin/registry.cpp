@@ -1,0 +1,242 @@
+#include "ptrain/plugin/registry.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include <boost/dll/shared_library.hpp>
+
+#include "ptrain/core/logging.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+constexpr const char* kDescriptorSymbol = "ptrain_plugin_descriptor";
+
+// Libraries are never unloaded: objects they created (and code their vtables
+// point to) may live until exit. The list itself is intentionally leaked so no
+// destructor runs at exit while plugin objects may still be alive.
+std::map<std::string, boost::dll::shared_library>& loadedLibraries() {
+  static auto* libs = new std::map<std::string, boost::dll::shared_library>();
+  return *libs;
+}
+
+const boost::dll::shared_library& openLibrary(const std::string& path) {
+  auto& libs = loadedLibraries();
+  auto it = libs.find(path);
+  if (it != libs.end()) return it->second;
+  boost::dll::shared_library lib;
+  boost::dll::fs::error_code ec;
+  lib.load(path, boost::dll::load_mode::default_mode, ec);
+  if (ec) {
+    const char* why = dlerror();
+    throw PluginLoadError(detail::concat(path, ": cannot load the library (", why ? why : ec.message(),
+                                         "): rebuild the plugin against this ptrain"));
+  }
+  return libs.emplace(path, std::move(lib)).first->second;
+}
+
+bool isKnownKind(const std::string& kind) {
+  for (const char* k : {plugin_kind::kComm, plugin_kind::kParallel, plugin_kind::kPrecision, plugin_kind::kOffload,
+                        plugin_kind::kTrainer}) {
+    if (kind == k) return true;
+  }
+  return false;
+}
+
+// Folder holding libptrain_core.so: the install/build plugin folder is
+// <that folder>/ptrain/plugins.
+std::string coreLibraryDir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&PluginRegistry::defaultSearchPath), &info) != 0 && info.dli_fname) {
+    return fs::path(info.dli_fname).parent_path().string();
+  }
+  return "";
+}
+
+std::vector<std::string> splitColon(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ':'))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+struct PluginRegistry::Impl {
+  std::vector<std::string> paths;
+  bool discovered = false;
+  std::vector<PluginInfo> plugins;
+};
+
+PluginRegistry::PluginRegistry(std::vector<std::string> paths) : impl_(std::make_unique<Impl>()) {
+  impl_->paths = std::move(paths);
+}
+
+PluginRegistry::~PluginRegistry() = default;
+
+std::vector<std::string> PluginRegistry::defaultSearchPath(const std::vector<std::string>& recipePaths) {
+  std::vector<std::string> paths = recipePaths;
+  if (const char* env = std::getenv("PTRAIN_PLUGIN_PATH")) {
+    for (auto& p : splitColon(env)) paths.push_back(p);
+  }
+  std::string coreDir = coreLibraryDir();
+  std::string installed = coreDir.empty() ? "" : (fs::path(coreDir) / "ptrain" / "plugins").string();
+  if (!installed.empty() && fs::is_directory(installed)) {
+    paths.push_back(installed);
+  } else {
+    paths.push_back(PTRAIN_PLUGIN_BUILD_DIR);
+  }
+  return paths;
+}
+
+PluginInfo PluginRegistry::inspect(const std::string& path) {
+  if (!fs::exists(path)) {
+    throw PluginLoadError(detail::concat(path, ": plugin file not found"));
+  }
+  const auto& lib = openLibrary(path);
+  if (!lib.has(kDescriptorSymbol)) {
+    throw PluginLoadError(detail::concat(path, ": not a ptrain plugin (no '", kDescriptorSymbol,
+                                         "' symbol): export one with PTRAIN_DEFINE_PLUGIN"));
+  }
+  const auto& desc = lib.get_alias<const PluginDescriptor>(kDescriptorSymbol);
+  // Only the first field is trusted until it matches.
+  if (desc.abi_version != kPluginAbiVersion) {
+    throw PluginLoadError(detail::concat(path, ": plugin ABI version ", desc.abi_version, ", this ptrain needs ",
+                                         kPluginAbiVersion, ": rebuild the plugin against this ptrain"));
+  }
+  const std::string tag = desc.build_tag ? desc.build_tag : "";
+  if (tag != PTRAIN_BUILD_TAG) {
+    throw PluginLoadError(detail::concat(path, ": built for '", tag, "', this ptrain is '", PTRAIN_BUILD_TAG,
+                                         "': rebuild the plugin with the same compiler, libstdc++ ABI and libtorch"));
+  }
+  PluginInfo info;
+  info.kind = desc.kind ? desc.kind : "";
+  info.name = desc.name ? desc.name : "";
+  info.version = desc.version ? desc.version : "";
+  info.path = path;
+  info.build_tag = tag;
+  if (!isKnownKind(info.kind)) {
+    throw PluginLoadError(detail::concat(path, ": unknown plugin kind '", info.kind,
+                                         "': use comm, parallel, precision, offload or trainer"));
+  }
+  if (info.name.empty() || desc.factory == nullptr) {
+    throw PluginLoadError(detail::concat(path, ": the descriptor has no name or no factory"));
+  }
+  return info;
+}
+
+void PluginRegistry::discover() {
+  if (impl_->discovered) return;
+  std::vector<PluginInfo> found;
+  for (const auto& entry : impl_->paths) {
+    std::vector<std::string> files;
+    if (fs::is_directory(entry)) {
+      for (auto it = fs::recursive_directory_iterator(entry, fs::directory_options::follow_directory_symlink);
+           it != fs::recursive_directory_iterator(); ++it) {
+        if (it->is_regular_file() && it->path().extension() == ".so") files.push_back(it->path().string());
+      }
+      std::sort(files.begin(), files.end());
+    } else if (fs::exists(entry)) {
+      files.push_back(entry);
+    } else {
+      throw PluginLoadError(detail::concat(entry, ": plugin file or folder not found (check plugins.paths and ",
+                                           "PTRAIN_PLUGIN_PATH)"));
+    }
+    std::vector<PluginInfo> here;
+    for (const auto& file : files) {
+      PluginInfo info = inspect(file);
+      for (const auto& other : here) {
+        if (other.kind == info.kind && other.name == info.name) {
+          throw PluginLoadError(detail::concat(file, ": duplicate plugin ", info.kind, "/", info.name, " (also in ",
+                                               other.path, "): remove one of them"));
+        }
+      }
+      here.push_back(info);
+    }
+    for (auto& info : here) {
+      bool shadowed = std::any_of(found.begin(), found.end(), [&](const PluginInfo& f) {
+        return f.kind == info.kind && f.name == info.name;
+      });
+      if (shadowed) {
+        logger()->debug("plugin {}/{} at {} is shadowed by one found earlier", info.kind, info.name, info.path);
+      } else {
+        found.push_back(info);
+      }
+    }
+  }
+  impl_->plugins = std::move(found);
+  impl_->discovered = true;
+}
+
+const std::vector<PluginInfo>& PluginRegistry::plugins() {
+  discover();
+  return impl_->plugins;
+}
+
+std::unique_ptr<Plugin> PluginRegistry::create(const std::string& kind, const std::string& name,
+                                               const PluginContext& ctx, const std::string& requestedBy) {
+  discover();
+  const std::string who = requestedBy.empty() ? "" : requestedBy + ": ";
+  const PluginInfo* match = nullptr;
+  const PluginInfo* otherKind = nullptr;
+  std::vector<std::string> sameKind;
+  for (const auto& info : impl_->plugins) {
+    if (info.kind == kind) sameKind.push_back(info.name);
+    if (info.name != name) continue;
+    if (info.kind == kind) match = &info;
+    else otherKind = &info;
+  }
+  if (match == nullptr) {
+    if (otherKind != nullptr) {
+      throw PluginLoadError(detail::concat(who, "'", name, "' is a ", otherKind->kind, " plugin (", otherKind->path,
+                                           "), not a ", kind, " plugin"));
+    }
+    std::string suggestion;
+    size_t best = 3;
+    for (const auto& n : sameKind) {
+      size_t d = editDistance(n, name);
+      if (d < best) {
+        best = d;
+        suggestion = n;
+      }
+    }
+    std::ostringstream known;
+    for (size_t i = 0; i < sameKind.size(); ++i) known << (i ? ", " : "") << sameKind[i];
+    std::ostringstream searched;
+    for (size_t i = 0; i < impl_->paths.size(); ++i) searched << (i ? ":" : "") << impl_->paths[i];
+    throw PluginLoadError(detail::concat(who, "no ", kind, " plugin named '", name, "'",
+                                         suggestion.empty() ? "" : " (did you mean '" + suggestion + "'?)",
+                                         "; available: ", sameKind.empty() ? "none" : known.str(),
+                                         "; searched ", searched.str()));
+  }
+  const auto& lib = openLibrary(match->path);
+  const auto& desc = lib.get_alias<const PluginDescriptor>(kDescriptorSymbol);
+  std::unique_ptr<Plugin> plugin(desc.factory(ctx));
+  PTRAIN_CHECK(plugin != nullptr, match->path, ": factory returned null");
+  PTRAIN_CHECK_AS(PluginLoadError, kind == plugin->kind(), match->path, ": descriptor says kind '", kind,
+                  "' but the object reports '", plugin->kind(), "'");
+  return plugin;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,131 @@
+// The keys of the sections the core owns. Names follow Megatron-LM where it
+// has one, so a Megatron user recognises every parallel and model key.
+#include "ptrain/recipe/schema.h"
+
+namespace ptrain {
+namespace {
+
+KeySpec key(const char* path, ValueType type, const char* def, const char* doc) {
+  KeySpec k;
+  k.path = path;
+  k.type = type;
+  k.default_value = def;
+  k.doc = doc;
+  return k;
+}
+
+KeySpec required(const char* path, ValueType type, const char* doc) {
+  KeySpec k = key(path, type, "", doc);
+  k.required = true;
+  return k;
+}
+
+KeySpec atLeast(KeySpec k, double min) {
+  k.min = min;
+  return k;
+}
+
+KeySpec above(KeySpec k, double min) {
+  k.min = min;
+  k.min_exclusive = true;
+  return k;
+}
+
+KeySpec unitBelowOne(KeySpec k) {
+  k.min = 0;
+  k.max = 1;
+  k.max_exclusive = true;
+  return k;
+}
+
+KeySpec oneOf(KeySpec k, std::vector<std::string> choices) {
+  k.choices = std::move(choices);
+  return k;
+}
+
+}  // namespace
+
+void describeCoreKeys(Schema& s) {
+  using T = ValueType;
+
+  s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
+
+  s.add(atLeast(key("launch.nproc", T::kInt, "1", "Worker processes on this host when `--nproc` is not given."), 1));
+
+  s.add(key("plugins.paths", T::kStringList, "[]",
+            "Folders or library files searched for plugins before PTRAIN_PLUGIN_PATH and the built-in plugin folder."));
+
+  s.add(required("trainer.name", T::kString, "Trainer plugin that builds the model, data and loss, e.g. `llm`."));
+
+  s.add(atLeast(key("model.num_layers", T::kInt, "", "Transformer blocks (the repeated layer); split across pipeline stages."), 1));
+  s.add(atLeast(key("model.hidden_size", T::kInt, "", "Width of the hidden states."), 1));
+  s.add(atLeast(key("model.num_attention_heads", T::kInt, "", "Attention heads per layer; split across tensor-parallel ranks."), 1));
+  s.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of the MLP inside each block; 0 means 4 * hidden_size."), 0));
+  s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
+  s.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
+  s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
+  s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
+  s.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
+  s.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
+  s.add(key("model.tie_embeddings", T::kBool, "true", "Share the input embedding with the output projection."));
+
+  s.add(key("data.name", T::kString, "", "Dataset the trainer reads, e.g. `arithmetic`."));
+
+  s.add(atLeast(required("train.steps", T::kInt, "Optimizer steps to run."), 1));
+  s.add(atLeast(required("train.global_batch_size", T::kInt, "Samples per optimizer step, summed over all data-parallel ranks and micro-batches."), 1));
+  s.add(atLeast(key("train.micro_batch_size", T::kInt, "", "Samples per forward/backward pass on one rank; not set: global_batch_size / data-parallel size."), 1));
+  s.add(atLeast(key("train.seed", T::kInt, "1234", "Seed for initialisation, data order and dropout."), 0));
+  s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
+  s.add(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1));
+  s.add(atLeast(key("train.log_every", T::kInt, "10", "Log the loss every this many steps."), 1));
+
+  s.add(oneOf(key("optimizer.name", T::kString, "adamw", "Optimizer."), {"adamw", "sgd"}));
+  s.add(above(key("optimizer.lr", T::kFloat, "0.001", "Peak learning rate."), 0));
+  s.add(atLeast(key("optimizer.weight_decay", T::kFloat, "0.01", "Decoupled weight decay (adamw) or L2 penalty (sgd)."), 0));
+  s.add(unitBelowOne(key("optimizer.beta1", T::kFloat, "0.9", "Adam's first-moment decay.")));
+  s.add(unitBelowOne(key("optimizer.beta2", T::kFloat, "0.999", "Adam's second-moment decay.")));
+  s.add(above(key("optimizer.eps", T::kFloat, "1e-8", "Adam's denominator term."), 0));
+  s.add(unitBelowOne(key("optimizer.momentum", T::kFloat, "0.0", "SGD momentum.")));
+  s.add(atLeast(key("optimizer.clip_grad", T::kFloat, "1.0", "Clip the global gradient norm to this; 0 turns clipping off."), 0));
+  s.add(oneOf(key("optimizer.lr_schedule", T::kString, "constant", "Learning-rate decay after warmup, down to min_lr at the last step."),
+              {"constant", "linear", "cosine"}));
+  s.add(atLeast(key("optimizer.warmup_steps", T::kInt, "0", "Steps of linear warmup from 0 to lr."), 0));
+  s.add(atLeast(key("optimizer.min_lr", T::kFloat, "0.0", "Learning rate reached at the last step by linear and cosine schedules."), 0));
+
+  s.add(atLeast(key("parallel.tensor_model_parallel_size", T::kInt, "1", "Ranks that split each layer's weights (tp)."), 1));
+  s.add(atLeast(key("parallel.pipeline_model_parallel_size", T::kInt, "1", "Pipeline stages (pp)."), 1));
+  s.add(atLeast(key("parallel.virtual_pipeline_model_parallel_size", T::kInt, "1", "Model chunks per pipeline stage for the interleaved schedule (vpp); 1 means no interleaving."), 1));
+  s.add(atLeast(key("parallel.expert_model_parallel_size", T::kInt, "1", "Ranks that split the experts of each MoE layer (ep)."), 1));
+  s.add(atLeast(key("parallel.expert_tensor_parallel_size", T::kInt, "1", "Ranks that split each expert's weights (etp)."), 1));
+  s.add(atLeast(key("parallel.context_parallel_size", T::kInt, "1", "Ranks that split each sequence (cp)."), 1));
+  s.add(key("parallel.sequence_parallel", T::kBool, "false", "Split layer-norm and dropout activations along the sequence across the tensor-parallel group."));
+  s.add(oneOf(key("parallel.pipeline_schedule", T::kString, "1f1b", "Order of micro-batch forward and backward passes across stages."),
+              {"1f1b", "interleaved", "gpipe"}));
+  s.add(atLeast(key("parallel.pipeline_layout", T::kIntList, "", "Blocks per pipeline stage (pp * vpp entries summing to num_layers); not set: an even split."), 0));
+  s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buckets reduced together by data parallelism."), 0));
+  s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce gradient buckets while the backward pass goes on."));
+
+  s.add(key("communication.backend", T::kString, "gloo", "Comm plugin for collectives: `gloo` on CPU, `nccl` on GPU."));
+  s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));
+
+  s.add(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."));
+
+  s.add(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."));
+  s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."));
+
+  s.add(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."));
+  s.add(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."));
+  s.add(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."));
+  s.add(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."));
+
+  s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
+  s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));
+  s.add(key("checkpoint.save_final", T::kBool, "true", "Save a checkpoint after the last step."));
+
+  s.add(oneOf(key("log.level", T::kString, "info", "Least severe log message printed."),
+              {"trace", "debug", "info", "warn", "error"}));
+  s.add(oneOf(key("log.progress", T::kString, "auto", "Progress display: a bar on a terminal, plain lines otherwise (auto)."),
+              {"auto", "bar", "lines", "none"}));
+}
+
+}  // namespace ptrain

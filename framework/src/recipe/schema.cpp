@@ -1,0 +1,338 @@
+#include "ptrain/recipe/schema.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "recipe/text_util.h"
+
+namespace ptrain {
+
+const char* toString(ValueType type) {
+  switch (type) {
+    case ValueType::kInt: return "int";
+    case ValueType::kFloat: return "float";
+    case ValueType::kBool: return "bool";
+    case ValueType::kString: return "string";
+    case ValueType::kIntList: return "int list";
+    case ValueType::kFloatList: return "float list";
+    case ValueType::kStringList: return "string list";
+    case ValueType::kMap: return "map";
+  }
+  return "?";
+}
+
+Schema::Schema() = default;
+Schema::~Schema() = default;
+Schema::Schema(const Schema&) = default;
+Schema& Schema::operator=(const Schema&) = default;
+
+namespace {
+
+bool isListType(ValueType t) {
+  return t == ValueType::kIntList || t == ValueType::kFloatList || t == ValueType::kStringList;
+}
+
+ValueType elementType(ValueType t) {
+  switch (t) {
+    case ValueType::kIntList: return ValueType::kInt;
+    case ValueType::kFloatList: return ValueType::kFloat;
+    case ValueType::kStringList: return ValueType::kString;
+    default: return t;
+  }
+}
+
+// An example value for "how to fix" hints: the default when there is one,
+// else something inside the range.
+std::string exampleScalar(const KeySpec& spec, ValueType t) {
+  if (!spec.choices.empty()) return spec.choices.front();
+  if (!spec.default_value.empty() && !isListType(spec.type) && spec.type != ValueType::kMap)
+    return spec.default_value;
+  switch (t) {
+    case ValueType::kInt: {
+      double v = spec.min ? *spec.min + (spec.min_exclusive ? 1 : 0) : 1;
+      if (spec.max && v > *spec.max) v = *spec.max;
+      return text::formatNumber(std::ceil(v));
+    }
+    case ValueType::kFloat: {
+      if (spec.min && spec.max) return text::formatNumber((*spec.min + *spec.max) / 2);
+      if (spec.min) return text::formatNumber(*spec.min + 1);
+      return "0.5";
+    }
+    case ValueType::kBool: return "true";
+    default: return "";
+  }
+}
+
+// Value of one scalar against the element type; "" when fine.
+std::string checkScalar(const KeySpec& spec, ValueType t, const YAML::Node& v) {
+  const std::string got = text::describeNode(v);
+  if (!v.IsScalar()) {
+    std::string example = exampleScalar(spec, t);
+    return "expected " + Schema::typeDescription(t) + ", got " + got + "; write a single value" +
+           (example.empty() ? "" : " such as " + example);
+  }
+  const std::string& s = v.Scalar();
+  double number = 0;
+  switch (t) {
+    case ValueType::kInt: {
+      int64_t i = 0;
+      if (!text::parseInt(s, &i)) {
+        return "expected an integer, got " + got + "; write a whole number such as " + exampleScalar(spec, t);
+      }
+      number = static_cast<double>(i);
+      break;
+    }
+    case ValueType::kFloat: {
+      if (!text::parseFloat(s, &number)) {
+        return "expected a number, got " + got + "; write a number such as " + exampleScalar(spec, t);
+      }
+      break;
+    }
+    case ValueType::kBool: {
+      bool b = false;
+      if (!text::parseBool(s, &b)) return "expected true or false, got " + got + "; write true or false";
+      return "";
+    }
+    case ValueType::kString: {
+      if (!spec.choices.empty() &&
+          std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+        std::string msg = got + " is not one of " + text::joinOr(spec.choices, ", ", ", ");
+        std::string near = text::nearest(s, spec.choices);
+        if (!near.empty()) return msg + "; did you mean '" + near + "'?";
+        return msg + "; use one of them";
+      }
+      return "";
+    }
+    default: return "";
+  }
+  bool low = spec.min && (spec.min_exclusive ? !(number > *spec.min) : !(number >= *spec.min));
+  bool high = spec.max && (spec.max_exclusive ? !(number < *spec.max) : !(number <= *spec.max));
+  if (low || high) return s + " is out of range; use a value " + Schema::rangeText(spec);
+  return "";
+}
+
+}  // namespace
+
+std::string Schema::typeDescription(ValueType type) {
+  switch (type) {
+    case ValueType::kInt: return "an integer";
+    case ValueType::kFloat: return "a number";
+    case ValueType::kBool: return "true or false";
+    case ValueType::kString: return "a string";
+    case ValueType::kIntList: return "a list of integers";
+    case ValueType::kFloatList: return "a list of numbers";
+    case ValueType::kStringList: return "a list of strings";
+    case ValueType::kMap: return "a mapping";
+  }
+  return "a value";
+}
+
+std::string Schema::rangeText(const KeySpec& spec) {
+  using text::formatNumber;
+  if (spec.min && spec.max) {
+    return std::string("in ") + (spec.min_exclusive ? "(" : "[") + formatNumber(*spec.min) + ", " +
+           formatNumber(*spec.max) + (spec.max_exclusive ? ")" : "]");
+  }
+  if (spec.min) return std::string(spec.min_exclusive ? "> " : ">= ") + formatNumber(*spec.min);
+  if (spec.max) return std::string(spec.max_exclusive ? "< " : "<= ") + formatNumber(*spec.max);
+  return "";
+}
+
+std::string Schema::checkValue(const KeySpec& spec, const YAML::Node& value, int* badElement) {
+  if (badElement) *badElement = -1;
+  if (spec.type == ValueType::kMap) {
+    if (value.IsMap()) return "";
+    return "expected a mapping, got " + text::describeNode(value) + "; write keys below it, e.g. {key: value}";
+  }
+  if (isListType(spec.type)) {
+    ValueType et = elementType(spec.type);
+    if (value.IsScalar()) {
+      return "expected " + typeDescription(spec.type) + ", got " + text::describeNode(value) + "; write [" +
+             value.Scalar() + "]";
+    }
+    if (!value.IsSequence()) {
+      return "expected " + typeDescription(spec.type) + ", got " + text::describeNode(value) + "; write [" +
+             exampleScalar(spec, et) + ", ...]";
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      std::string err = checkScalar(spec, et, value[i]);
+      if (!err.empty()) {
+        if (badElement) *badElement = static_cast<int>(i);
+        return "element " + std::to_string(i) + ": " + err;
+      }
+    }
+    return "";
+  }
+  return checkScalar(spec, spec.type, value);
+}
+
+void Schema::add(KeySpec spec) {
+  const std::string where = "schema key '" + spec.path + "': ";
+  PTRAIN_CHECK(text::isKeyPath(spec.path), where, "not a dotted key path");
+  PTRAIN_CHECK(!(spec.required && !spec.default_value.empty()), where, "a required key has no default");
+  if (!spec.default_value.empty()) {
+    YAML::Node node;
+    try {
+      node = YAML::Load(spec.default_value);
+    } catch (const YAML::Exception& e) {
+      PTRAIN_CHECK(false, where, "default '", spec.default_value, "' is not YAML: ", e.msg);
+    }
+    if (!node.IsNull()) {
+      std::string err = checkValue(spec, node);
+      PTRAIN_CHECK(err.empty(), where, "default '", spec.default_value, "' does not fit: ", err);
+    }
+  }
+  // A path cannot be both a key and a section (except below a free-form map).
+  for (const auto& k : keys_) {
+    if (k.path == spec.path) continue;
+    bool below = spec.path.compare(0, k.path.size() + 1, k.path + ".") == 0;
+    bool above = k.path.compare(0, spec.path.size() + 1, spec.path + ".") == 0;
+    PTRAIN_CHECK(!(below || above), where, "clashes with key '", k.path, "'");
+  }
+  auto it = index_.find(spec.path);
+  if (it != index_.end()) {
+    keys_[it->second] = std::move(spec);
+  } else {
+    index_.emplace(spec.path, keys_.size());
+    keys_.push_back(std::move(spec));
+  }
+}
+
+const KeySpec* Schema::find(const std::string& path) const {
+  auto it = index_.find(path);
+  return it == index_.end() ? nullptr : &keys_[it->second];
+}
+
+bool Schema::isSection(const std::string& path) const {
+  const std::string prefix = path + ".";
+  auto it = index_.lower_bound(prefix);
+  return it != index_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::string Schema::suggest(const std::string& path) const {
+  auto parent = [](const std::string& p) { return p.substr(0, p.rfind('.') == std::string::npos ? 0 : p.rfind('.')); };
+  auto commonPrefix = [](const std::string& a, const std::string& b) {
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && std::tolower(static_cast<unsigned char>(a[i])) ==
+                                               std::tolower(static_cast<unsigned char>(b[i])))
+      ++i;
+    return i;
+  };
+  const std::string leaf = path.substr(path.rfind('.') + 1);
+  std::string best;
+  size_t bestDistance = 0, bestPrefix = 0;
+  for (const auto& k : keys_) {
+    // Within the same section only the last name can be wrong, so measure the
+    // distance against its length: "dir" is not a typo of "keep", but
+    // "tensor_parallel_size" is one of "tensor_model_parallel_size".
+    // Across sections the whole path may be misspelt ("trian.seed").
+    size_t limit = parent(k.path) == parent(path) ? std::max<size_t>(1, leaf.size() / 3)
+                                                  : std::max<size_t>(1, (path.size() + 2) / 4);
+    size_t d = text::editDistance(path, k.path);
+    if (d > limit) continue;
+    size_t prefix = commonPrefix(path, k.path);
+    if (best.empty() || d < bestDistance || (d == bestDistance && prefix > bestPrefix)) {
+      best = k.path;
+      bestDistance = d;
+      bestPrefix = prefix;
+    }
+  }
+  if (!best.empty()) return best;
+  // The right name in the wrong section: "train.lr" -> "optimizer.lr".
+  for (const auto& k : keys_) {
+    if (k.path.substr(k.path.rfind('.') + 1) != leaf) continue;
+    size_t d = text::editDistance(path, k.path);
+    if (best.empty() || d < bestDistance) {
+      best = k.path;
+      bestDistance = d;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+std::string section(const std::string& path) { return path.substr(0, path.find('.')); }
+
+std::string defaultText(const KeySpec& k) {
+  if (k.required) return "required";
+  if (k.default_value.empty()) return "not set";
+  return k.default_value;
+}
+
+std::string allowedText(const KeySpec& k, const std::string& sep) {
+  if (!k.choices.empty()) {
+    std::string out;
+    for (size_t i = 0; i < k.choices.size(); ++i) out += (i ? sep : "") + k.choices[i];
+    return out;
+  }
+  return Schema::rangeText(k);
+}
+
+std::string escapeCell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += "\\|";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Schema::markdown() const {
+  std::ostringstream os;
+  std::vector<std::string> sections;
+  for (const auto& k : keys_) {
+    std::string s = section(k.path);
+    if (std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
+  }
+  bool first = true;
+  for (const auto& s : sections) {
+    if (!first) os << "\n";
+    first = false;
+    os << "### `" << s << "`\n\n";
+    os << "| Key | Type | Default | Allowed | Meaning |\n";
+    os << "|---|---|---|---|---|\n";
+    for (const auto& k : keys_) {
+      if (section(k.path) != s) continue;
+      std::string def = defaultText(k);
+      if (!k.required && !k.default_value.empty()) def = "`" + escapeCell(def) + "`";
+      std::string allowed;
+      if (!k.choices.empty()) {
+        for (size_t i = 0; i < k.choices.size(); ++i) allowed += (i ? ", " : "") + ("`" + k.choices[i] + "`");
+      } else {
+        allowed = escapeCell(rangeText(k));
+      }
+      os << "| `" << k.path << "` | " << toString(k.type) << " | " << def << " | " << allowed << " | "
+         << escapeCell(k.doc) << " |\n";
+    }
+  }
+  return os.str();
+}
+
+std::string Schema::text() const {
+  size_t wPath = 3, wType = 4, wDefault = 7, wAllowed = 7;
+  for (const auto& k : keys_) {
+    wPath = std::max(wPath, k.path.size());
+    wType = std::max(wType, std::string(toString(k.type)).size());
+    wDefault = std::max(wDefault, defaultText(k).size());
+    wAllowed = std::max(wAllowed, allowedText(k, "|").size());
+  }
+  auto pad = [](const std::string& s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  std::ostringstream os;
+  os << pad("key", wPath) << "  " << pad("type", wType) << "  " << pad("default", wDefault) << "  "
+     << pad("allowed", wAllowed) << "  meaning\n";
+  for (const auto& k : keys_) {
+    os << pad(k.path, wPath) << "  " << pad(toString(k.type), wType) << "  " << pad(defaultText(k), wDefault)
+       << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace ptrain

@@ -1,0 +1,429 @@
+#include "gloo_process_group.h"
+
+#include <c10/util/Exception.h>
+
+namespace ptrain::gloo_backend {
+namespace {
+
+bool contains(const std::string& text, const char* needle) { return text.find(needle) != std::string::npos; }
+
+}  // namespace
+
+std::string formatSeconds(Timeout t) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << static_cast<double>(t.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+std::string reasonOf(const std::exception& e) {
+  std::string msg;
+  if (const auto* c10err = dynamic_cast<const c10::Error*>(&e)) {
+    msg = c10err->msg();
+  } else {
+    msg = e.what();
+  }
+  auto nl = msg.find('\n');
+  if (nl != std::string::npos) msg.resize(nl);
+  if (!msg.empty() && msg[0] == '[') {
+    auto close = msg.find("] ");
+    if (close != std::string::npos) msg = msg.substr(close + 2);
+  }
+  while (!msg.empty() && (msg.back() == ' ' || msg.back() == '.')) msg.pop_back();
+  return msg;
+}
+
+namespace {
+
+bool glooHandles(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // Gloo has no average: sum, then divide locally
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::chrono::milliseconds c10dTimeout(Timeout t) { return t.count() > 0 ? t : c10d::kUnsetTimeout; }
+
+// Integer averages truncate toward zero, as NCCL's ncclAvg does.
+void divideInPlace(at::Tensor& t, int64_t n) {
+  if (at::isFloatingType(t.scalar_type())) {
+    t.div_(n);
+  } else {
+    t.div_(n, "trunc");
+  }
+}
+
+}  // namespace
+
+std::string GroupState::where(const char* op) const {
+  return detail::concat(op, " on group ", label, " (rank ", rank, " of ", size, ")");
+}
+
+void GroupState::rethrow(const char* op, Timeout waited) const {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string why = reasonOf(e);
+    const std::string limit =
+        detail::concat(formatSeconds(waited), waited == timeout ? " (communication.timeout_s)" : " (the operation's timeout)");
+    if (contains(why, "Operation timed out")) {
+      // c10d's wait gave up; the operation itself is still queued or running.
+      throw TimeoutError(detail::concat(where(op), " timed out after ", limit, ": a peer is missing or stuck"));
+    }
+    if (contains(why, "Application timeout caused pair closure")) {
+      broken = true;
+      throw TimeoutError(detail::concat(where(op), " failed: an earlier operation on this group timed out and Gloo ",
+                                        "closed the group's connections; the group cannot be used again"));
+    }
+    if (contains(why, "Timed out") || contains(why, "timed out") || contains(why, "Timeout")) {
+      broken = true;
+      throw TimeoutError(detail::concat(where(op), " timed out after ", limit, ": a peer is missing or stuck (", why,
+                                        ")"));
+    }
+    if (contains(why, "closed by peer") || contains(why, "reset by peer") || contains(why, "Broken pipe")) {
+      broken = true;
+      throw CommError(detail::concat(where(op), " failed: a peer closed its connection; did another rank exit? (",
+                                     why, ")"));
+    }
+    throw CommError(detail::concat(where(op), " failed: ", why));
+  } catch (...) {
+    throw CommError(detail::concat(where(op), " failed with an unknown exception"));
+  }
+}
+
+// ---------------------------------------------------------------- GlooWork
+
+GlooWork::GlooWork(std::shared_ptr<GroupState> group, const char* op, c10::intrusive_ptr<c10d::Work> work,
+                   Timeout timeout, std::function<void()> finish)
+    : group_(std::move(group)), op_(op), work_(std::move(work)), timeout_(timeout), finish_(std::move(finish)) {}
+
+GlooWork::~GlooWork() = default;
+
+void GlooWork::wait(Timeout timeout) {
+  const Timeout limit = timeout.count() > 0 ? timeout : (timeout_.count() > 0 ? timeout_ : group_->timeout);
+  if (work_) {
+    // c10d's Work is thread-safe and remembers its outcome, so waiting again
+    // after a failure rethrows the same error.
+    try {
+      work_->wait(limit);
+    } catch (...) {
+      group_->rethrow(op_, limit);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  finishLocked();
+}
+
+bool GlooWork::isCompleted() {
+  // c10d's point-to-point handles complete only inside wait() (Gloo has no
+  // non-blocking test for them), so send/recv report false until waited on.
+  if (work_ && !work_->isCompleted()) return false;
+  if (work_ && !work_->isSuccess()) return true;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // another thread is finishing it
+  try {
+    finishLocked();
+  } catch (...) {
+    // wait() reports it.
+  }
+  return true;
+}
+
+void GlooWork::finishLocked() {
+  if (done_) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  done_ = true;
+  if (!finish_) return;
+  auto finish = std::move(finish_);
+  finish_ = nullptr;  // drop the captured tensors
+  try {
+    finish();
+  } catch (...) {
+    try {
+      group_->rethrow(op_, group_->timeout);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    std::rethrow_exception(error_);
+  }
+}
+
+// -------------------------------------------------------- GlooProcessGroup
+
+namespace {
+
+void checkTensor(const GroupState& g, const char* op, const at::Tensor& t, const char* what, bool anyDtype = false) {
+  PTRAIN_CHECK_AS(CommError, t.defined(), g.where(op), ": ", what, " is an undefined tensor");
+  PTRAIN_CHECK_AS(ConfigError, t.device().is_cpu(), g.where(op), ": ", what, " is on ", t.device(),
+                  ", but the gloo backend moves CPU tensors only: use communication.backend=nccl for device "
+                  "tensors, or move the tensor to the CPU");
+  PTRAIN_CHECK_AS(CommError, t.layout() == at::kStrided, g.where(op), ": ", what, " has layout ", t.layout(),
+                  "; the gloo backend moves dense tensors only (use .to_dense())");
+  PTRAIN_CHECK_AS(CommError, t.is_contiguous(), g.where(op), ": ", what, " is not contiguous (sizes ", t.sizes(),
+                  ", strides ", t.strides(), "); pass a .contiguous() tensor and copy the result back");
+  PTRAIN_CHECK_AS(ConfigError, anyDtype || glooHandles(t.scalar_type()), g.where(op), ": ", what, " has dtype ",
+                  t.scalar_type(), "; the gloo backend reduces Float, Double, Half, Char, Byte, Int and Long only: ",
+                  "cast it (e.g. to float32) before communicating");
+}
+
+void checkSameDtype(const GroupState& g, const char* op, const at::Tensor& a, const at::Tensor& b) {
+  PTRAIN_CHECK_AS(CommError, a.scalar_type() == b.scalar_type(), g.where(op), ": output has dtype ", a.scalar_type(),
+                  " but input has ", b.scalar_type());
+}
+
+int64_t rowNumel(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+// Validates a split list for `tensor` (dim-0 rows per group rank) and returns
+// the rows for every rank; an empty list means equal splits.
+std::vector<int64_t> resolveSplits(const GroupState& g, const char* op, const std::vector<int64_t>& splits,
+                                   const at::Tensor& tensor, const char* what) {
+  const int64_t rows = tensor.size(0);
+  if (splits.empty()) {
+    PTRAIN_CHECK_AS(CommError, rows % g.size == 0, g.where(op), ": ", what, " has ", rows,
+                    " rows, which do not split equally over ", g.size, " ranks; pass ", what, "_split_sizes");
+    return std::vector<int64_t>(static_cast<size_t>(g.size), rows / g.size);
+  }
+  PTRAIN_CHECK_AS(CommError, static_cast<int>(splits.size()) == g.size, g.where(op), ": ", what, "_split_sizes has ",
+                  splits.size(), " entries, expected one per rank (", g.size, ")");
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    PTRAIN_CHECK_AS(CommError, s >= 0, g.where(op), ": ", what, "_split_sizes has a negative entry (", s, ")");
+    total += s;
+  }
+  PTRAIN_CHECK_AS(CommError, total == rows, g.where(op), ": ", what, "_split_sizes add up to ", total, " rows but ",
+                  what, " has ", rows);
+  return splits;
+}
+
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg)
+    : state_(std::move(state)), pg_(std::move(pg)) {}
+
+// c10d's destructor drains the queued work first; every queued operation is
+// bounded by the group's timeout, so this cannot hang forever.
+GlooProcessGroup::~GlooProcessGroup() = default;
+
+bool GlooProcessGroup::supports(Capability capability) const {
+  return capability == Capability::kAllToAllUneven || capability == Capability::kSendRecv;
+}
+
+void GlooProcessGroup::checkUsable(const char* op) const {
+  PTRAIN_CHECK_AS(CommError, !state_->broken, state_->where(op),
+                  ": the group is unusable after an earlier timeout or a lost peer (Gloo closes the group's "
+                  "connections then); see the first error");
+}
+
+std::shared_ptr<Work> GlooProcessGroup::issue(const char* op, Timeout timeout,
+                                              const std::function<c10::intrusive_ptr<c10d::Work>()>& call,
+                                              std::function<void()> finish) {
+  checkUsable(op);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call();
+  } catch (...) {
+    state_->rethrow(op, timeout.count() > 0 ? timeout : state_->timeout);
+  }
+  return std::make_shared<GlooWork>(state_, op, std::move(work), timeout, std::move(finish));
+}
+
+// Gloo 1.13 hangs on some zero-element collectives (allgather); with nothing
+// to move, every member completes at once instead. All members see the same
+// element count, so they all skip together and stay in step.
+std::shared_ptr<Work> GlooProcessGroup::done(const char* op) {
+  checkUsable(op);
+  return std::make_shared<GlooWork>(state_, op, c10::intrusive_ptr<c10d::Work>(), Timeout{0}, nullptr);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  checkTensor(*state_, op, tensor, "tensor");
+  if (tensor.numel() == 0) return done(op);
+  std::function<void()> finish;
+  if (opts.op == ReduceOp::kAvg) {
+    finish = [t = tensor, n = state_->size]() mutable { divideInPlace(t, n); };
+  }
+  return issue(
+      op, opts.timeout,
+      [&] {
+        c10d::AllreduceOptions o;
+        o.reduceOp = toC10d(opts.op);
+        o.timeout = c10dTimeout(opts.timeout);
+        std::vector<at::Tensor> tensors{tensor};
+        return pg_->allreduce(tensors, o);
+      },
+      std::move(finish));
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allgather(at::Tensor& output, const at::Tensor& input, Timeout timeout) {
+  const char* op = "allgather";
+  checkTensor(*state_, op, input, "input");
+  checkTensor(*state_, op, output, "output");
+  checkSameDtype(*state_, op, output, input);
+  const int64_t n = input.numel();
+  PTRAIN_CHECK_AS(CommError, output.numel() == n * state_->size, state_->where(op), ": output has ", output.numel(),
+                  " elements, expected group size x input elements = ", state_->size, " x ", n);
+  if (n == 0) return done(op);
+  return issue(op, timeout, [&] {
+    // Gloo gathers into one buffer per rank; views of the output's dim-0
+    // blocks receive them without an extra allocation on our side.
+    at::Tensor flat = output.view({-1});
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int i = 0; i < state_->size; ++i) outputs[0].push_back(flat.narrow(0, i * n, n).view(input.sizes()));
+    std::vector<at::Tensor> inputs{input};
+    c10d::AllgatherOptions o;
+    o.timeout = c10dTimeout(timeout);
+    return pg_->allgather(outputs, inputs, o);
+  });
+}
+
+// c10d's ProcessGroupGloo in libtorch 1.13 has no reduce_scatter ("does not
+// support reduce_scatter"). An all-to-all followed by a local reduction
+// moves the same bytes as a ring reduce-scatter: each rank sends (n-1)/n of
+// its input and receives (n-1)/n of one input's worth; it then reduces the n
+// blocks it holds, in rank order, so the result is deterministic.
+std::shared_ptr<Work> GlooProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input,
+                                                      const ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  checkTensor(*state_, op, input, "input");
+  checkTensor(*state_, op, output, "output");
+  checkSameDtype(*state_, op, output, input);
+  const int64_t n = output.numel();
+  const int size = state_->size;
+  PTRAIN_CHECK_AS(CommError, input.numel() == n * size, state_->where(op), ": input has ", input.numel(),
+                  " elements, expected group size x output elements = ", size, " x ", n);
+  if (n == 0) return done(op);
+  at::Tensor received = at::empty({input.numel()}, input.options());
+  auto finish = [received, out = output, size, reduce = opts.op]() mutable {
+    at::Tensor blocks = received.view({size, -1});
+    at::Tensor flat = out.view({-1});
+    flat.copy_(blocks[0]);
+    for (int j = 1; j < size; ++j) {
+      at::Tensor block = blocks[j];
+      switch (reduce) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: flat.add_(block); break;
+        case ReduceOp::kMax: at::maximum_out(flat, flat, block); break;
+        case ReduceOp::kMin: at::minimum_out(flat, flat, block); break;
+        case ReduceOp::kProduct: flat.mul_(block); break;
+      }
+    }
+    if (reduce == ReduceOp::kAvg) divideInPlace(flat, size);
+  };
+  return issue(
+      op, opts.timeout,
+      [&] {
+        at::Tensor in = input.view({-1});
+        std::vector<int64_t> equal;  // empty: equal splits
+        c10d::AllToAllOptions o;
+        o.timeout = c10dTimeout(opts.timeout);
+        return pg_->alltoall_base(received, in, equal, equal, o);
+      },
+      std::move(finish));
+}
+
+std::shared_ptr<Work> GlooProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  checkTensor(*state_, op, tensor, "tensor");
+  PTRAIN_CHECK_AS(CommError, opts.root >= 0 && opts.root < state_->size, state_->where(op), ": root ", opts.root,
+                  " is not a rank of this group (ranks 0..", state_->size - 1, ")");
+  if (tensor.numel() == 0) return done(op);
+  return issue(op, opts.timeout, [&] {
+    c10d::BroadcastOptions o;
+    o.rootRank = opts.root;
+    o.rootTensor = 0;
+    o.timeout = c10dTimeout(opts.timeout);
+    std::vector<at::Tensor> tensors{tensor};
+    return pg_->broadcast(tensors, o);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allToAll(at::Tensor& output, const at::Tensor& input,
+                                                 const AllToAllOptions& opts) {
+  const char* op = "all_to_all";
+  checkTensor(*state_, op, input, "input");
+  checkTensor(*state_, op, output, "output");
+  checkSameDtype(*state_, op, output, input);
+  PTRAIN_CHECK_AS(CommError, input.dim() >= 1 && output.dim() >= 1, state_->where(op),
+                  ": input and output need at least one dimension (rows are split over ranks)");
+  PTRAIN_CHECK_AS(CommError, rowNumel(input) == rowNumel(output), state_->where(op), ": input rows have ",
+                  rowNumel(input), " elements but output rows have ", rowNumel(output));
+  auto inSplits = resolveSplits(*state_, op, opts.input_split_sizes, input, "input");
+  auto outSplits = resolveSplits(*state_, op, opts.output_split_sizes, output, "output");
+  const int me = state_->rank;
+  PTRAIN_CHECK_AS(CommError, inSplits[me] == outSplits[me], state_->where(op), ": sends ", inSplits[me],
+                  " rows to itself but expects to receive ", outSplits[me], " from itself");
+  // Zero-element exchanges are not skipped: only this rank's side is empty,
+  // its peers still take part.
+  return issue(op, opts.timeout, [&] {
+    at::Tensor in = input;
+    std::vector<int64_t> outCounts = opts.output_split_sizes;
+    std::vector<int64_t> inCounts = opts.input_split_sizes;
+    c10d::AllToAllOptions o;
+    o.timeout = c10dTimeout(opts.timeout);
+    return pg_->alltoall_base(output, in, outCounts, inCounts, o);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::send(const at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
+  const char* op = "send";
+  checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/true);
+  PTRAIN_CHECK_AS(CommError, peer >= 0 && peer < state_->size && peer != state_->rank, state_->where(op), ": peer ",
+                  peer, " must be another rank of this group (ranks 0..", state_->size - 1, ")");
+  PTRAIN_CHECK_AS(CommError, opts.tag >= 0, state_->where(op), ": tag ", opts.tag, " must be non-negative");
+  return issue(op, opts.timeout, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return pg_->send(tensors, peer, opts.tag);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::recv(at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
+  const char* op = "recv";
+  checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/true);
+  PTRAIN_CHECK_AS(CommError, peer >= 0 && peer < state_->size && peer != state_->rank, state_->where(op), ": peer ",
+                  peer, " must be another rank of this group (ranks 0..", state_->size - 1, ")");
+  PTRAIN_CHECK_AS(CommError, opts.tag >= 0, state_->where(op), ": tag ", opts.tag, " must be non-negative");
+  return issue(op, opts.timeout, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return pg_->recv(tensors, peer, opts.tag);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& opts) {
+  return issue("barrier", opts.timeout, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = c10dTimeout(opts.timeout);
+    return pg_->barrier(o);
+  });
+}
+
+}  // namespace ptrain::gloo_backend

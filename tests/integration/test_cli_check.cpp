@@ -1,0 +1,213 @@
+// `ptrain check` and `ptrain keys` as real processes: exit codes, one line per
+// problem, no stack traces, and docs/recipes.md kept equal to `ptrain keys --markdown`.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/test_support.h"
+
+namespace ptrain {
+namespace {
+
+using test::runPtrain;
+using test::TempDir;
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+// What a crash or an uncaught exception would leave behind.
+void expectNoCrashTrace(const std::string& output) {
+  for (const char* marker : {"terminate called", "what():", "Aborted", "Segmentation", "internal error", "#0 ",
+                             "Stack trace", "Exception raised"}) {
+    EXPECT_EQ(output.find(marker), std::string::npos) << marker << " in:\n" << output;
+  }
+}
+
+// Runs `ptrain check` and expects exit 2 with exactly these lines.
+void expectProblems(const std::vector<std::string>& args, const std::vector<std::string>& expected) {
+  std::vector<std::string> full = {"check"};
+  full.insert(full.end(), args.begin(), args.end());
+  test::ProcessResult r = runPtrain(full, {}, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), expected);
+  expectNoCrashTrace(r.output);
+}
+
+const char* kValid =
+    "trainer: {name: no_such_trainer}\n"
+    "launch: {nproc: 2}\n"
+    "model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 16}\n"
+    "train: {steps: 10, global_batch_size: 16}\n";
+
+TEST(CliCheck, ValidRecipeExitsZeroWithASummary) {
+  TempDir dir;
+  std::string path = dir.write("ok.yaml", kValid);
+  test::ProcessResult r = runPtrain({"check", path}, {}, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto out = lines(r.output);
+  ASSERT_EQ(out.size(), 4u) << r.output;
+  EXPECT_EQ(out[0], path + ": OK");
+  EXPECT_EQ(out[1], "layout: world=2 tp=1 pp=1 dp=2 cp=1 ep=1 etp=1 edp=2");
+  EXPECT_EQ(out[2], "batch: global=16 micro=8 (global/dp) micro-batches per step=1");
+  // No trainer of that name: the core keys were checked, and the summary says why the rest were not.
+  const std::string prefix = "trainer: no_such_trainer (its own keys were not checked: ";
+  EXPECT_EQ(out[3].compare(0, prefix.size(), prefix), 0) << out[3];
+  EXPECT_EQ(out[3].back(), ')') << out[3];
+  expectNoCrashTrace(r.output);
+}
+
+TEST(CliCheck, NprocAndOverridesChangeTheLayout) {
+  TempDir dir;
+  std::string path = dir.write("ok.yaml", kValid);
+  // 8 ranks, tp=2, pp=2 -> dp=2; micro 4 -> 16 / (4*2) = 2 micro-batches.
+  test::ProcessResult r =
+      runPtrain({"check", path, "--nproc", "8", "parallel.tensor_model_parallel_size=2",
+                 "parallel.pipeline_model_parallel_size=2", "train.micro_batch_size=4"},
+                {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto out = lines(r.output);
+  ASSERT_GE(out.size(), 3u) << r.output;
+  // pp=2 with 2 micro-batches is fine: no warning, so the summary comes first.
+  EXPECT_EQ(out[0], path + ": OK");
+  EXPECT_EQ(out[1], "layout: world=8 tp=2 pp=2 dp=2 cp=1 ep=1 etp=1 edp=4");
+  EXPECT_EQ(out[2], "batch: global=16 micro=4 micro-batches per step=2");
+}
+
+TEST(CliCheck, QuickstartRecipeIsValid) {
+  test::ProcessResult r = runPtrain({"check", test::sourceDir() + "/configs/quickstart.yaml"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto out = lines(r.output);
+  ASSERT_GE(out.size(), 3u) << r.output;
+  EXPECT_EQ(out[1], "layout: world=2 tp=1 pp=1 dp=2 cp=1 ep=1 etp=1 edp=2");
+  EXPECT_EQ(out[2], "batch: global=64 micro=32 (global/dp) micro-batches per step=1");
+}
+
+TEST(CliCheck, ExampleRecipeExtendsTheQuickstart) {
+  test::ProcessResult r = runPtrain({"check", test::sourceDir() + "/configs/examples/gpt_tp2_pp2.yaml"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto out = lines(r.output);
+  ASSERT_GE(out.size(), 3u) << r.output;
+  // 8 ranks / (tp 2 * pp 2) = dp 2; 64 / (8 * 2) = 4 micro-batches.
+  EXPECT_EQ(out[1], "layout: world=8 tp=2 pp=2 dp=2 cp=1 ep=1 etp=1 edp=4");
+  EXPECT_EQ(out[2], "batch: global=64 micro=8 micro-batches per step=4");
+}
+
+TEST(CliCheck, WarningsGoToStderrAndStillPass) {
+  TempDir dir;
+  std::string path = dir.write("ok.yaml", kValid);
+  test::ProcessResult r = runPtrain({"check", path, "parallel.sequence_parallel=true"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ptrain: warning: <command line>: sequence_parallel has no effect with "
+                          "tensor_model_parallel_size=1; it is ignored\n"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(CliCheck, SchemaProblemsOneLineEach) {
+  TempDir dir;
+  std::string path = dir.write("bad.yaml",
+                               "trainer: {name: no_such_trainer}\n"
+                               "train:\n"
+                               "  step: 10\n"
+                               "  global_batch_size: abc\n"
+                               "optimizer: {name: adam, lr: 0}\n");
+  expectProblems({path},
+                 {"ptrain: " + path + ":3:3: train.step: unknown key; did you mean 'train.steps'?",
+                  "ptrain: " + path +
+                      ":4:22: train.global_batch_size: expected an integer, got 'abc'; write a whole number such as 1",
+                  "ptrain: " + path + ":5:19: optimizer.name: 'adam' is not one of adamw, sgd; did you mean 'adamw'?",
+                  "ptrain: " + path + ":5:29: optimizer.lr: 0 is out of range; use a value > 0",
+                  "ptrain: " + path + ":2:1: train.steps: missing required key; add 'steps: <int>' under 'train:'"});
+}
+
+TEST(CliCheck, TrainerKeysAreUnknownWithoutTheTrainer) {
+  TempDir dir;
+  std::string path = dir.write("bad.yaml", std::string(kValid) + "data: {name: arithmetic, frobnicate: 3}\n");
+  expectProblems({path}, {"ptrain: " + path +
+                          ":5:26: data.frobnicate: unknown key; remove it (`ptrain keys` lists the keys of 'data')"});
+}
+
+TEST(CliCheck, LayoutProblemsOneLineEach) {
+  TempDir dir;
+  std::string path = dir.write("ok.yaml", kValid);
+  expectProblems({path, "--nproc", "3", "parallel.tensor_model_parallel_size=3"},
+                 {"ptrain: <command line>: tensor_model_parallel_size=3 does not divide num_attention_heads=4: use 1, "
+                  "2 or 4",
+                  "ptrain: <command line>: tensor_model_parallel_size=3 does not divide ffn_hidden_size=256 "
+                  "(4*hidden_size): use 1, 2, 4, 8, 16, 32, 64, 128 or 256"});
+  std::string pp = dir.write("pp.yaml", std::string(kValid) + "parallel:\n  pipeline_model_parallel_size: 3\n");
+  expectProblems({pp, "--nproc", "6"},
+                 {"ptrain: " + pp +
+                  ":6:3: pipeline_model_parallel_size=3 does not divide num_layers=4: use 1, 2 or 4, or give "
+                  "parallel.pipeline_layout"});
+  // The world size comes from launch.nproc (2) when --nproc is not given.
+  std::string tp = dir.write("tp.yaml", std::string(kValid) + "parallel:\n  tensor_model_parallel_size: 4\n");
+  expectProblems({tp},
+                 {"ptrain: " + tp +
+                  ":6:3: world size 2 is not divisible by "
+                  "tensor_model_parallel_size*pipeline_model_parallel_size*context_parallel_size=4: use --nproc 4, or "
+                  "sizes whose product divides 2 (1 or 2)"});
+}
+
+TEST(CliCheck, LoadErrorsOneLine) {
+  TempDir dir;
+  std::string missing = dir.path() + "/none.yaml";
+  expectProblems({missing}, {"ptrain: recipe not found: " + missing});
+  std::string syntax = dir.write("syntax.yaml", "train:\n  steps: 5: 6\n");
+  expectProblems({syntax}, {"ptrain: " + syntax +
+                            ":2:11: YAML syntax error: illegal map value; check the indentation, colons, quotes and "
+                            "brackets there"});
+  std::string ok = dir.write("ok.yaml", kValid);
+  expectProblems({ok, "foo"}, {"ptrain: <command line>: override 'foo': expected key=value; write it as "
+                               "a.b.c=value, e.g. train.steps=100"});
+  std::string a = dir.write("a.yaml", "defaults: [b.yaml]\n");
+  std::string b = dir.write("b.yaml", "defaults: [a.yaml]\n");
+  expectProblems({a}, {"ptrain: " + b + ":1:12: defaults: cycle " + a + " -> " + b + " -> " + a +
+                       "; remove one of these defaults"});
+}
+
+TEST(CliKeys, ListsEveryCoreKey) {
+  test::ProcessResult r = runPtrain({"keys"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"train.steps", "parallel.tensor_model_parallel_size", "optimizer.lr_schedule",
+                          "communication.timeout_s", "log.progress"}) {
+    EXPECT_NE(r.output.find(std::string("\n") + key + " "), std::string::npos) << key;
+  }
+}
+
+// docs/recipes.md carries the key table between markers; it must equal what
+// `ptrain keys --markdown` prints, so the documentation cannot drift.
+TEST(CliKeys, DocsTableMatchesKeysMarkdown) {
+  std::string doc = test::readFile(test::sourceDir() + "/docs/recipes.md");
+  const std::string begin = "<!-- keys:begin -->\n";
+  const std::string end = "<!-- keys:end -->";
+  auto b = doc.find(begin);
+  auto e = doc.find(end);
+  ASSERT_NE(b, std::string::npos) << "docs/recipes.md lacks " << begin;
+  ASSERT_NE(e, std::string::npos) << "docs/recipes.md lacks " << end;
+  ASSERT_LT(b, e);
+  std::string table = doc.substr(b + begin.size(), e - b - begin.size());
+  test::ProcessResult r = runPtrain({"keys", "--markdown"}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Blank lines around the markers keep the markdown readable.
+  auto trim = [](std::string s) {
+    while (!s.empty() && s.front() == '\n') s.erase(0, 1);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  };
+  EXPECT_EQ(trim(table), trim(r.output))
+      << "docs/recipes.md is out of date: replace the table between the markers with the output of "
+         "`ptrain keys --markdown`";
+}
+
+}  // namespace
+}  // namespace ptrain

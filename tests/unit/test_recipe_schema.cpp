@@ -1,0 +1,303 @@
+// Schema: the core key table, extension by a trainer, value checks, the
+// generated documentation.
+#include <gtest/gtest.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "ptrain/recipe/recipe.h"
+#include "ptrain/recipe/schema.h"
+
+namespace ptrain {
+namespace {
+
+Schema coreSchema() {
+  Schema s;
+  describeCoreKeys(s);
+  return s;
+}
+
+KeySpec spec(const std::string& path, ValueType type, const std::string& def, const std::string& doc = "d") {
+  KeySpec k;
+  k.path = path;
+  k.type = type;
+  k.default_value = def;
+  k.doc = doc;
+  return k;
+}
+
+const char* kMinimal =
+    "trainer: {name: llm}\n"
+    "train: {steps: 10, global_batch_size: 8}\n";
+
+// The keys the project's issue names, with their types and defaults.
+TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
+  Schema s = coreSchema();
+  struct Expect {
+    const char* path;
+    ValueType type;
+    const char* def;
+  };
+  const std::vector<Expect> expected = {
+      {"launch.nproc", ValueType::kInt, "1"},
+      {"plugins.paths", ValueType::kStringList, "[]"},
+      {"model.num_layers", ValueType::kInt, ""},
+      {"model.hidden_size", ValueType::kInt, ""},
+      {"model.num_attention_heads", ValueType::kInt, ""},
+      {"model.ffn_hidden_size", ValueType::kInt, "0"},
+      {"model.seq_length", ValueType::kInt, ""},
+      {"model.vocab_size", ValueType::kInt, "0"},
+      {"model.num_experts", ValueType::kInt, "0"},
+      {"model.moe_router_topk", ValueType::kInt, "2"},
+      {"model.dropout", ValueType::kFloat, "0.0"},
+      {"model.init_std", ValueType::kFloat, "0.02"},
+      {"model.tie_embeddings", ValueType::kBool, "true"},
+      {"data.name", ValueType::kString, ""},
+      {"train.micro_batch_size", ValueType::kInt, ""},
+      {"train.seed", ValueType::kInt, "1234"},
+      {"train.eval_every", ValueType::kInt, "0"},
+      {"train.log_every", ValueType::kInt, "10"},
+      {"train.eval_batches", ValueType::kInt, "8"},
+      {"optimizer.name", ValueType::kString, "adamw"},
+      {"optimizer.lr", ValueType::kFloat, "0.001"},
+      {"optimizer.weight_decay", ValueType::kFloat, "0.01"},
+      {"optimizer.beta1", ValueType::kFloat, "0.9"},
+      {"optimizer.beta2", ValueType::kFloat, "0.999"},
+      {"optimizer.eps", ValueType::kFloat, "1e-8"},
+      {"optimizer.clip_grad", ValueType::kFloat, "1.0"},
+      {"optimizer.lr_schedule", ValueType::kString, "constant"},
+      {"optimizer.warmup_steps", ValueType::kInt, "0"},
+      {"optimizer.min_lr", ValueType::kFloat, "0.0"},
+      {"parallel.tensor_model_parallel_size", ValueType::kInt, "1"},
+      {"parallel.pipeline_model_parallel_size", ValueType::kInt, "1"},
+      {"parallel.virtual_pipeline_model_parallel_size", ValueType::kInt, "1"},
+      {"parallel.expert_model_parallel_size", ValueType::kInt, "1"},
+      {"parallel.expert_tensor_parallel_size", ValueType::kInt, "1"},
+      {"parallel.context_parallel_size", ValueType::kInt, "1"},
+      {"parallel.sequence_parallel", ValueType::kBool, "false"},
+      {"parallel.pipeline_schedule", ValueType::kString, "1f1b"},
+      {"parallel.pipeline_layout", ValueType::kIntList, ""},
+      {"parallel.grad_bucket_size_mb", ValueType::kFloat, "4"},
+      {"parallel.overlap_grad_reduce", ValueType::kBool, "true"},
+      {"communication.backend", ValueType::kString, "gloo"},
+      {"communication.timeout_s", ValueType::kFloat, "300"},
+      {"precision.name", ValueType::kString, "fp32"},
+      {"offload.params", ValueType::kBool, "false"},
+      {"offload.optimizer", ValueType::kBool, "false"},
+      {"checkpoint.every", ValueType::kInt, "0"},
+      {"checkpoint.keep", ValueType::kInt, "3"},
+      {"checkpoint.save_final", ValueType::kBool, "true"},
+      {"log.level", ValueType::kString, "info"},
+      {"log.progress", ValueType::kString, "auto"},
+  };
+  for (const auto& e : expected) {
+    const KeySpec* k = s.find(e.path);
+    ASSERT_NE(k, nullptr) << e.path;
+    EXPECT_EQ(k->type, e.type) << e.path;
+    EXPECT_EQ(k->default_value, e.def) << e.path;
+    EXPECT_FALSE(k->doc.empty()) << e.path;
+  }
+  for (const char* required : {"trainer.name", "train.steps", "train.global_batch_size"}) {
+    ASSERT_NE(s.find(required), nullptr) << required;
+    EXPECT_TRUE(s.find(required)->required) << required;
+  }
+  EXPECT_EQ(s.find("optimizer.name")->choices, (std::vector<std::string>{"adamw", "sgd"}));
+  EXPECT_EQ(s.find("optimizer.lr_schedule")->choices, (std::vector<std::string>{"constant", "linear", "cosine"}));
+  EXPECT_EQ(s.find("parallel.pipeline_schedule")->choices,
+            (std::vector<std::string>{"1f1b", "interleaved", "gpipe"}));
+  EXPECT_EQ(s.find("log.progress")->choices, (std::vector<std::string>{"auto", "bar", "lines", "none"}));
+  // Data-parallel size is derived, never a key.
+  EXPECT_EQ(s.find("parallel.data_parallel_size"), nullptr);
+  EXPECT_TRUE(s.isSection("parallel"));
+  EXPECT_TRUE(s.isSection("fusion"));
+  EXPECT_FALSE(s.isSection("train.steps"));
+}
+
+TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
+  const std::string yaml = std::string(kMinimal) +
+                           "model: {num_layers: 2, rope_theta: 5000}\n"
+                           "data: {name: arithmetic, max_operand: 99}\n";
+  Recipe r = Recipe::fromString(yaml, "r.yaml");
+  // With the core keys only, the trainer's keys are unknown.
+  auto core = r.validateAll(coreSchema());
+  ASSERT_EQ(core.size(), 2u);
+  EXPECT_EQ(core[0], "r.yaml:3:24: model.rope_theta: unknown key; remove it (`ptrain keys` lists the keys of 'model')");
+  EXPECT_EQ(core[1], "r.yaml:4:26: data.max_operand: unknown key; remove it (`ptrain keys` lists the keys of 'data')");
+
+  // A first pass that lets the trainer's keys through still checks the core ones.
+  EXPECT_TRUE(r.validateAll(coreSchema(), /*allowUnknown=*/true).empty());
+  Recipe typo = Recipe::fromString(yaml + "optimizer: {lr: x}\n", "r.yaml");
+  EXPECT_EQ(typo.validateAll(coreSchema(), true),
+            std::vector<std::string>{"r.yaml:5:17: optimizer.lr: expected a number, got 'x'; write a number such as 0.001"});
+
+  Schema extended = coreSchema();
+  KeySpec theta = spec("model.rope_theta", ValueType::kFloat, "10000");
+  theta.min = 0;
+  theta.min_exclusive = true;
+  extended.add(theta);
+  KeySpec operand = spec("data.max_operand", ValueType::kInt, "");
+  operand.required = true;
+  extended.add(operand);
+  extended.add(spec("data.digits", ValueType::kInt, "3"));
+  // A trainer may also change a core default: its model has no dropout of its own.
+  extended.add(spec("model.dropout", ValueType::kFloat, "0.1"));
+  EXPECT_TRUE(r.validateAll(extended).empty());
+  EXPECT_DOUBLE_EQ(r.getFloat("model.rope_theta"), 5000.0);
+  EXPECT_EQ(r.getInt("data.max_operand"), 99);
+  EXPECT_EQ(r.getInt("data.digits"), 3);
+  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.1);
+
+  // Validating again with the core schema drops the extension's defaults.
+  auto again = r.validateAll(coreSchema());
+  EXPECT_EQ(again.size(), 2u);
+  EXPECT_FALSE(r.has("data.digits"));
+  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.0);
+
+  // The extension's own rules apply: range and required.
+  Recipe bad = Recipe::fromString(std::string(kMinimal) + "model: {rope_theta: -1}\n", "r.yaml");
+  auto p = bad.validateAll(extended);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0], "r.yaml:3:21: model.rope_theta: -1 is out of range; use a value > 0");
+  EXPECT_EQ(p[1], "r.yaml:1:1: data.max_operand: missing required key; add 'max_operand: <int>' under 'data:'");
+}
+
+TEST(RecipeSchema, FreeFormMapAcceptsAnyKeysBelowIt) {
+  Schema s = coreSchema();
+  s.add(spec("data.options", ValueType::kMap, "{}"));
+  Recipe ok = Recipe::fromString(std::string(kMinimal) + "data:\n  options: {a: 1, b: {c: [1, 2]}}\n", "r.yaml");
+  EXPECT_TRUE(ok.validateAll(s).empty());
+  EXPECT_EQ(ok.keysUnder("data.options"), (std::vector<std::string>{"data.options.a", "data.options.b.c"}));
+  EXPECT_EQ(ok.getIntList("data.options.b.c"), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(ok.has("data.options"));
+  Recipe bad = Recipe::fromString(std::string(kMinimal) + "data:\n  options: 7\n", "r.yaml");
+  auto p = bad.validateAll(s);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "r.yaml:4:12: data.options: expected a mapping, got '7'; write keys below it, e.g. {key: value}");
+}
+
+TEST(RecipeSchema, AddRejectsContradictorySpecs) {
+  Schema s;
+  EXPECT_THROW(s.add(spec("a.b", ValueType::kInt, "abc")), InternalError);
+  KeySpec ranged = spec("a.c", ValueType::kInt, "0");
+  ranged.min = 1;
+  EXPECT_THROW(s.add(ranged), InternalError);
+  KeySpec choice = spec("a.d", ValueType::kString, "x");
+  choice.choices = {"y", "z"};
+  EXPECT_THROW(s.add(choice), InternalError);
+  KeySpec req = spec("a.e", ValueType::kInt, "3");
+  req.required = true;
+  EXPECT_THROW(s.add(req), InternalError);
+  EXPECT_THROW(s.add(spec("a..f", ValueType::kInt, "")), InternalError);
+  s.add(spec("a.g", ValueType::kInt, "1"));
+  EXPECT_THROW(s.add(spec("a.g.h", ValueType::kInt, "1")), InternalError);  // a.g is a key, not a section
+  EXPECT_THROW(s.add(spec("a", ValueType::kInt, "1")), InternalError);      // a is a section
+  // Replacing keeps the place.
+  s.add(spec("a.z", ValueType::kInt, "1"));
+  s.add(spec("a.g", ValueType::kInt, "2"));
+  ASSERT_EQ(s.keys().size(), 2u);
+  EXPECT_EQ(s.keys()[0].path, "a.g");
+  EXPECT_EQ(s.keys()[0].default_value, "2");
+}
+
+TEST(RecipeSchema, ValueChecksAreStrict) {
+  KeySpec i = spec("x.i", ValueType::kInt, "");
+  KeySpec f = spec("x.f", ValueType::kFloat, "");
+  KeySpec b = spec("x.b", ValueType::kBool, "");
+  auto check = [](const KeySpec& k, const std::string& text) { return Schema::checkValue(k, YAML::Load(text)); };
+  EXPECT_EQ(check(i, "42"), "");
+  EXPECT_EQ(check(i, "-7"), "");
+  EXPECT_EQ(check(i, "0x10"), "");
+  EXPECT_EQ(check(i, "4.0"), "expected an integer, got '4.0'; write a whole number such as 1");
+  EXPECT_EQ(check(i, "1e3"), "expected an integer, got '1e3'; write a whole number such as 1");
+  EXPECT_EQ(check(i, "99999999999999999999"),
+            "expected an integer, got '99999999999999999999'; write a whole number such as 1");
+  EXPECT_EQ(check(f, "3e-3"), "");
+  EXPECT_EQ(check(f, "7"), "");
+  EXPECT_EQ(check(f, ".5"), "");
+  EXPECT_EQ(check(f, "nan"), "expected a number, got 'nan'; write a number such as 0.5");
+  EXPECT_EQ(check(f, "inf"), "expected a number, got 'inf'; write a number such as 0.5");
+  EXPECT_EQ(check(f, "1e999"), "expected a number, got '1e999'; write a number such as 0.5");
+  for (const char* yes : {"true", "True", "yes", "on"}) EXPECT_EQ(check(b, yes), "") << yes;
+  for (const char* no : {"false", "FALSE", "no", "off"}) EXPECT_EQ(check(b, no), "") << no;
+  EXPECT_EQ(check(b, "1"), "expected true or false, got '1'; write true or false");
+  EXPECT_EQ(check(b, "[true]"), "expected true or false, got a list; write a single value such as true");
+}
+
+TEST(RecipeSchema, RangeText) {
+  KeySpec k = spec("x.k", ValueType::kFloat, "");
+  EXPECT_EQ(Schema::rangeText(k), "");
+  k.min = 1;
+  EXPECT_EQ(Schema::rangeText(k), ">= 1");
+  k.min_exclusive = true;
+  EXPECT_EQ(Schema::rangeText(k), "> 1");
+  k.max = 2.5;
+  EXPECT_EQ(Schema::rangeText(k), "in (1, 2.5]");
+  k.max_exclusive = true;
+  k.min_exclusive = false;
+  EXPECT_EQ(Schema::rangeText(k), "in [1, 2.5)");
+  k.min.reset();
+  EXPECT_EQ(Schema::rangeText(k), "< 2.5");
+}
+
+TEST(RecipeSchema, SuggestOnlyWhenClose) {
+  Schema s = coreSchema();
+  EXPECT_EQ(s.suggest("train.stpes"), "train.steps");
+  EXPECT_EQ(s.suggest("Train.Steps"), "train.steps");
+  EXPECT_EQ(s.suggest("optimiser.lr"), "optimizer.lr");
+  EXPECT_EQ(s.suggest("parallel.pipeline_parallel_size"), "parallel.pipeline_model_parallel_size");
+  EXPECT_EQ(s.suggest("train.lr"), "optimizer.lr");
+  EXPECT_EQ(s.suggest("model.num_layer"), "model.num_layers");
+  // Equally far from tensor_model_parallel_size and context_parallel_size: the
+  // one that starts the same way wins.
+  EXPECT_EQ(s.suggest("parallel.tensor_parallel_size"), "parallel.tensor_model_parallel_size");
+  // A short name is no typo of a different short name in the same section.
+  EXPECT_EQ(s.suggest("checkpoint.dir"), "");
+  EXPECT_EQ(s.suggest("completely.unrelated"), "");
+  EXPECT_EQ(s.suggest("x"), "");
+}
+
+TEST(RecipeSchema, MarkdownAndTextTables) {
+  Schema s;
+  KeySpec steps = spec("train.steps", ValueType::kInt, "", "Steps to run.");
+  steps.required = true;
+  steps.min = 1;
+  s.add(steps);
+  KeySpec mode = spec("train.mode", ValueType::kString, "a", "Mode a|b.");
+  mode.choices = {"a", "b"};
+  s.add(mode);
+  s.add(spec("log.file", ValueType::kString, "", "Log file."));
+  EXPECT_EQ(s.markdown(),
+            "### `train`\n"
+            "\n"
+            "| Key | Type | Default | Allowed | Meaning |\n"
+            "|---|---|---|---|---|\n"
+            "| `train.steps` | int | required | >= 1 | Steps to run. |\n"
+            "| `train.mode` | string | `a` | `a`, `b` | Mode a\\|b. |\n"
+            "\n"
+            "### `log`\n"
+            "\n"
+            "| Key | Type | Default | Allowed | Meaning |\n"
+            "|---|---|---|---|---|\n"
+            "| `log.file` | string | not set |  | Log file. |\n");
+  EXPECT_EQ(s.text(),
+            "key          type    default   allowed  meaning\n"
+            "train.steps  int     required  >= 1     Steps to run.\n"
+            "train.mode   string  a         a|b      Mode a|b.\n"
+            "log.file     string  not set            Log file.\n");
+}
+
+TEST(RecipeSchema, EveryCoreDefaultValidates) {
+  // A recipe with only the required keys validates and then holds a value for
+  // every key that has a default.
+  Recipe r = Recipe::fromString(kMinimal, "r.yaml");
+  Schema s = coreSchema();
+  EXPECT_TRUE(r.validateAll(s).empty());
+  for (const auto& k : s.keys()) {
+    EXPECT_EQ(r.has(k.path), k.required || !k.default_value.empty()) << k.path;
+  }
+}
+
+}  // namespace
+}  // namespace ptrain

@@ -1,0 +1,129 @@
+// make bench: ptrain against PyTorch eager on the same libtorch, side by side.
+//
+// For each GPT size it trains the same model, batch and optimizer twice:
+//   ptrain  `ptrain run tools/bench/<size>.yaml --nproc 1` (the real engine),
+//           median step_time_s of metrics.jsonl after the warm-up steps;
+//   eager   tools/bench/gpt_eager.py under /usr/bin/python3 (Debian's
+//           python3-torch, the same libtorch 1.13), median step time.
+// Both use every core of the machine for intra-op threads. Achieved GFLOP/s
+// count 6 x params x tokens plus attention (12 x layers x hidden x seq per
+// token), and are compared with this machine's fp32 matmul peak measured here.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct GptSize {
+  std::string name;
+  int layers, hidden, heads, seq, batch, steps;
+};
+
+// Runs a command, returns its stdout (stderr passes through); exits on failure.
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) {
+    std::fprintf(stderr, "bench: cannot run %s\n", cmd.c_str());
+    std::exit(1);
+  }
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  int status = pclose(pipe);
+  if (status != 0) {
+    std::fprintf(stderr, "bench: command failed (%d): %s\n%s\n", status, cmd.c_str(), out.c_str());
+    std::exit(1);
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// fp32 matmul peak of this machine with all cores, GFLOP/s.
+double matmulPeak(int threads) {
+  at::set_num_threads(threads);
+  const int64_t n = 1024;
+  auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  for (int i = 0; i < 3; ++i) torch::mm_out(c, a, b);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    const int iters = 10;
+    for (int i = 0; i < iters; ++i) torch::mm_out(c, a, b);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n * iters / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::path source = PTRAIN_SOURCE_DIR;
+  const fs::path binary = PTRAIN_BINARY_DIR;
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::vector<GptSize> sizes{{"small", 4, 256, 4, 64, 32, 12}, {"large", 8, 1024, 16, 128, 8, 6}};
+  const int warmup = 2;
+
+  const double peak = matmulPeak(threads);
+  std::printf("fp32 matmul peak (1024^3, %d threads): %.1f GFLOP/s\n\n", threads, peak);
+  std::printf("%-6s %8s %7s | %-44s | %-44s | %s\n", "model", "params", "tokens", "ptrain: step s, tok/s, GFLOP/s, %peak, RSS MB",
+              "eager:  step s, tok/s, GFLOP/s, %peak, RSS MB", "ptrain/eager");
+
+  for (const auto& s : sizes) {
+    const std::string runDir = (fs::temp_directory_path() / ("ptrain-bench-" + s.name + "-" + std::to_string(getpid()))).string();
+    std::ostringstream cmd;
+    cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc 1 --run-dir " << runDir
+        << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
+        << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
+        << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " 2>&1";
+    capture(cmd.str());
+    std::vector<double> stepTimes;
+    double rss = 0;
+    std::ifstream metrics(runDir + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("step_time_s")) continue;
+      if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+      rss = std::max(rss, j["peak_rss_mb"].get<double>());
+    }
+    fs::remove_all(runDir);
+    const double ptrainStep = median(stepTimes);
+
+    std::ostringstream py;
+    py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
+       << s.hidden << " --heads " << s.heads << " --seq " << s.seq << " --batch " << s.batch << " --steps " << s.steps
+       << " --warmup " << warmup << " --threads " << threads;
+    auto eager = nlohmann::json::parse(capture(py.str()));
+    const double eagerStep = eager["step_time_s"].get<double>();
+    const double params = eager["params"].get<double>();
+    const double tokens = static_cast<double>(s.batch) * s.seq;
+    const double flops = 6.0 * params * tokens + 12.0 * s.layers * s.hidden * s.seq * tokens;
+    auto cell = [&](double step, double mb) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%7.3f %9.0f %8.1f %5.1f%% %7.0f", step, tokens / step, flops / step / 1e9,
+                    100.0 * flops / step / 1e9 / peak, mb);
+      return std::string(buf);
+    };
+    std::printf("%-6s %7.1fM %7.0f | %-44s | %-44s | %.2fx\n", s.name.c_str(), params / 1e6, tokens,
+                cell(ptrainStep, rss).c_str(), cell(eagerStep, eager["peak_rss_mb"].get<double>()).c_str(),
+                eagerStep / ptrainStep);
+  }
+  return 0;
+}

@@ -1,0 +1,277 @@
+#include "gpt_model.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ptrain::llm {
+namespace {
+
+at::Tensor maybeDropout(const at::Tensor& x, double p, bool training) {
+  return (p > 0 && training) ? torch::dropout(x, p, true) : x;
+}
+
+torch::nn::LayerNorm makeLayerNorm(const GptConfig& c) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_eps));
+}
+
+// GPT-2 scales the weights that write into the residual stream by
+// 1/sqrt(2 * layers): the stream sums two such branches per layer, and this
+// keeps its variance independent of depth at initialisation.
+double residualStd(const GptConfig& c) { return c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers)); }
+
+}  // namespace
+
+// ---- embedding ----
+
+GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& c) : dropout_(c.dropout) {
+  tokens = register_module("tokens", nn::VocabParallelEmbedding(c.vocab_size, c.hidden_size, c.init_std));
+  positions = register_module("positions", torch::nn::Embedding(c.seq_length, c.hidden_size));
+  // torch's Embedding draws N(0, 1); GPT-2 uses the same small std as every weight.
+  torch::NoGradGuard noGrad;
+  positions->weight.normal_(0.0, c.init_std);
+}
+
+at::Tensor GptEmbeddingImpl::forward(const at::Tensor& ids) {
+  const int64_t length = ids.size(1);
+  at::Tensor x = tokens(ids) + positions->weight.narrow(0, 0, length);
+  return maybeDropout(x, dropout_, is_training());
+}
+
+// ---- attention ----
+
+GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : head_dim_(c.headDim()), dropout_(c.dropout) {
+  qkv = register_module("qkv", nn::ColumnParallelLinear(c.hidden_size, 3 * c.hidden_size, true, c.init_std));
+  proj = register_module("proj", nn::RowParallelLinear(c.hidden_size, c.hidden_size, true, residualStd(c)));
+}
+
+at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
+  const int64_t batch = x.size(0);
+  const int64_t length = x.size(1);
+  at::Tensor qkvOut = qkv(x);  // [B, T, heads * 3 * d]
+  // Heads from the output width, not the config: on a tensor-parallel shard
+  // this rank holds only some heads.
+  const int64_t heads = qkvOut.size(-1) / (3 * head_dim_);
+  // [B, T, heads, 3, d] -> [3, B, heads, T, d]
+  at::Tensor parts = qkvOut.view({batch, length, heads, 3, head_dim_}).permute({3, 0, 2, 1, 4});
+  at::Tensor q = parts[0].reshape({batch * heads, length, head_dim_});
+  at::Tensor k = parts[1].reshape({batch * heads, length, head_dim_});
+  at::Tensor v = parts[2].reshape({batch * heads, length, head_dim_});
+  // One batched matmul that also applies the scale and adds the causal mask.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  at::Tensor mask = additiveMask.narrow(0, 0, length).narrow(1, 0, length);
+  at::Tensor scores = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+  at::Tensor probs = maybeDropout(torch::softmax(scores, -1), dropout_, is_training());
+  at::Tensor out = torch::bmm(probs, v)  // [B * heads, T, d]
+                       .view({batch, heads, length, head_dim_})
+                       .permute({0, 2, 1, 3})
+                       .reshape({batch, length, heads * head_dim_});
+  return proj(out);
+}
+
+// ---- MLP ----
+
+GptMlpImpl::GptMlpImpl(const GptConfig& c) {
+  fc1 = register_module("fc1", nn::ColumnParallelLinear(c.hidden_size, c.ffnSize(), true, c.init_std));
+  fc2 = register_module("fc2", nn::RowParallelLinear(c.ffnSize(), c.hidden_size, true, residualStd(c)));
+}
+
+at::Tensor GptMlpImpl::forward(const at::Tensor& x) { return fc2(torch::gelu(fc1(x), "tanh")); }
+
+// ---- block ----
+
+GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout) {
+  ln1 = register_module("ln1", makeLayerNorm(c));
+  attn = register_module("attn", GptAttention(c));
+  ln2 = register_module("ln2", makeLayerNorm(c));
+  mlp = register_module("mlp", GptMlp(c));
+}
+
+at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
+  at::Tensor h = x + maybeDropout(attn(ln1(x), additiveMask), dropout_, is_training());
+  return h + maybeDropout(mlp(ln2(h)), dropout_, is_training());
+}
+
+// ---- head ----
+
+GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbedding) {
+  ln_f = register_module("ln_f", makeLayerNorm(c));
+  if (c.tie_embeddings) {
+    tied_ = std::move(tiedEmbedding);
+  } else {
+    lm = register_module("lm", nn::ColumnParallelLinear(c.hidden_size, c.vocab_size, false, c.init_std));
+  }
+}
+
+at::Tensor GptHeadImpl::forward(const at::Tensor& hidden) {
+  at::Tensor x = ln_f(hidden);
+  return lm ? lm(x) : torch::nn::functional::linear(x, tied_->weight);
+}
+
+// ---- root ----
+
+GptModuleImpl::GptModuleImpl(const GptConfig& c) {
+  // Creation order fixes the order in which weights are drawn: embed, blocks, head.
+  embed = register_module("embed", GptEmbedding(c));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; ++i) blocks->push_back(GptBlock(c));
+  head = register_module("head", GptHead(c, embed->tokens));
+}
+
+// ---- model ----
+
+GptModel::GptModel(const GptConfig& config) : config_(config) {
+  const GptConfig& c = config_;
+  PTRAIN_CHECK_AS(ConfigError, c.vocab_size >= 1, "model.vocab_size: ", c.vocab_size, " must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.seq_length >= 1, "model.seq_length: ", c.seq_length, " must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.num_layers >= 1, "model.num_layers: ", c.num_layers, " must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.num_heads >= 1, "model.num_attention_heads: ", c.num_heads, " must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.hidden_size >= 1 && c.hidden_size % c.num_heads == 0,
+                  "model.hidden_size: ", c.hidden_size, " is not a multiple of model.num_attention_heads=",
+                  c.num_heads, "; use a multiple such as ", c.num_heads * std::max<int64_t>(1, c.hidden_size / c.num_heads));
+  PTRAIN_CHECK_AS(ConfigError, c.dropout >= 0 && c.dropout < 1, "model.dropout: ", c.dropout,
+                  " is out of range; use [0, 1)");
+  root_ = GptModule(c);
+  const float negInf = -std::numeric_limits<float>::infinity();
+  mask_ = torch::full({c.seq_length, c.seq_length}, negInf).triu(1);
+}
+
+GptModel::~GptModel() = default;
+
+torch::nn::Module& GptModel::module() { return *root_; }
+
+int GptModel::numBlocks() const { return static_cast<int>(config_.num_layers); }
+
+std::string GptModel::blockPrefix(int index) const { return "blocks." + std::to_string(index) + "."; }
+
+std::vector<std::string> GptModel::embedPrefixes() const { return {"embed."}; }
+
+std::vector<std::string> GptModel::headPrefixes() const { return {"head."}; }
+
+const at::Tensor& GptModel::causalMask(int64_t length, const at::Tensor& like) {
+  PTRAIN_CHECK(length <= config_.seq_length, "gpt: input of length ", length, " exceeds model.seq_length=",
+               config_.seq_length);
+  if (mask_.scalar_type() != like.scalar_type() || mask_.device() != like.device()) {
+    mask_ = mask_.to(like.device(), like.scalar_type());
+  }
+  return mask_;
+}
+
+at::Tensor GptModel::embed(const Batch& micro) {
+  const at::Tensor& ids = micro.at("tokens");
+  PTRAIN_CHECK(ids.dim() == 2, "gpt: tokens must be [batch, length], got ", ids.sizes());
+  PTRAIN_CHECK(ids.size(1) <= config_.seq_length, "gpt: input of length ", ids.size(1),
+               " exceeds model.seq_length=", config_.seq_length);
+  return root_->embed(ids);
+}
+
+at::Tensor GptModel::runBlock(int index, const at::Tensor& hidden) {
+  PTRAIN_CHECK(index >= 0 && index < numBlocks(), "gpt: block ", index, " out of range [0, ", numBlocks(), ")");
+  const at::Tensor& mask = causalMask(hidden.size(1), hidden);
+  return root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(index))->forward(hidden, mask);
+}
+
+LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
+  at::Tensor logits = root_->head(hidden);
+  const at::Tensor& targets = micro.at("targets");
+  const at::Tensor& lossMask = micro.at("loss_mask");
+  const int64_t vocab = logits.size(-1);
+  // Cross-entropy in fp32 whatever the compute dtype: log-softmax over the
+  // vocabulary is where half precision loses the most.
+  at::Tensor perToken = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  at::Tensor mask = lossMask.reshape({-1}).to(perToken.scalar_type());
+  LossOutput out;
+  out.loss_sum = (perToken * mask).sum();
+  out.count = mask.sum().item<double>();
+  return out;
+}
+
+at::Tensor GptModel::logits(const at::Tensor& tokens) {
+  Batch b;
+  b.tensors.emplace("tokens", tokens);
+  at::Tensor hidden = embed(b);
+  for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
+  return root_->head(hidden);
+}
+
+std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
+                                                         int64_t maxNew, int64_t stopId, int64_t padId) {
+  torch::NoGradGuard noGrad;
+  const int64_t rows = static_cast<int64_t>(prompts.size());
+  std::vector<std::vector<int64_t>> generated(prompts.size());
+  if (rows == 0 || maxNew <= 0) return generated;
+
+  const int64_t capacity = config_.seq_length;
+  const at::Device device = root_->embed->tokens->weight.device();
+  at::Tensor buffer = torch::full({rows, capacity}, padId, torch::kInt64);
+  std::vector<int64_t> length(prompts.size());
+  std::vector<char> active(prompts.size(), 1);
+  {
+    int64_t* buf = buffer.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto& p = prompts[static_cast<size_t>(r)];
+      PTRAIN_CHECK(!p.empty(), "gpt: greedyDecode got an empty prompt (row ", r, ")");
+      PTRAIN_CHECK(static_cast<int64_t>(p.size()) <= capacity, "gpt: prompt of row ", r, " has ", p.size(),
+                   " tokens, more than model.seq_length=", capacity);
+      std::copy(p.begin(), p.end(), buf + r * capacity);
+      length[static_cast<size_t>(r)] = static_cast<int64_t>(p.size());
+    }
+  }
+
+  for (int64_t step = 0; step < maxNew; ++step) {
+    // Only the rows still decoding, and only as many positions as the longest of them.
+    std::vector<int64_t> rowsNow;
+    int64_t width = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!active[static_cast<size_t>(r)]) continue;
+      rowsNow.push_back(r);
+      width = std::max(width, length[static_cast<size_t>(r)]);
+    }
+    if (rowsNow.empty()) break;
+    at::Tensor index = torch::tensor(rowsNow, torch::kInt64);
+    at::Tensor input = buffer.index_select(0, index).narrow(1, 0, width).to(device);
+
+    Batch b;
+    b.tensors.emplace("tokens", input);
+    at::Tensor hidden = embed(b);
+    for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
+    // Causality makes the padding after a shorter row's end irrelevant to its
+    // last position; read each row's logits there.
+    std::vector<int64_t> lastPos;
+    lastPos.reserve(rowsNow.size());
+    for (int64_t r : rowsNow) lastPos.push_back(length[static_cast<size_t>(r)] - 1);
+    at::Tensor pos = torch::tensor(lastPos, torch::kInt64).to(device);
+    at::Tensor rowIdx = torch::arange(static_cast<int64_t>(rowsNow.size()), torch::TensorOptions(torch::kInt64).device(device));
+    at::Tensor last = hidden.index({rowIdx, pos});  // [rows, h]
+    at::Tensor next = root_->head(last).argmax(-1).to(torch::kCPU).contiguous();
+    const int64_t* nextPtr = next.data_ptr<int64_t>();
+
+    int64_t* buf = buffer.data_ptr<int64_t>();
+    for (size_t j = 0; j < rowsNow.size(); ++j) {
+      const size_t r = static_cast<size_t>(rowsNow[j]);
+      const int64_t token = nextPtr[j];
+      generated[r].push_back(token);
+      if (token == stopId) {
+        active[r] = 0;
+      } else if (length[r] < capacity) {
+        buf[static_cast<int64_t>(r) * capacity + length[r]] = token;
+        ++length[r];
+      } else {
+        active[r] = 0;  // no position left to feed this token back in
+      }
+    }
+  }
+  return generated;
+}
+
+int64_t GptModel::numParameters() const {
+  int64_t total = 0;
+  for (const auto& p : root_->parameters()) total += p.numel();
+  return total;
+}
+
+}  // namespace ptrain::llm

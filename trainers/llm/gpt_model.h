@@ -1,0 +1,190 @@
+// GPT: a decoder-only transformer (GPT-2 layout, pre-LayerNorm) as a
+// StagedModel, built from ptrain::nn parallel layers so that the tensor
+// plugin can shard it.
+//
+//   embed:  x = tokens(ids) + positions(0..T-1)              (dropout)
+//   block:  x = x + attn(ln1(x));  x = x + mlp(ln2(x))
+//   attn:   qkv = ColumnParallelLinear(h, 3h)  (head-major, see below)
+//           causal softmax(q k^T / sqrt(d)) v, then RowParallelLinear(h, h)
+//   mlp:    ColumnParallelLinear(h, ffn) -> GELU (tanh) -> RowParallelLinear(ffn, h)
+//   head:   ln_f, logits = x E^T (tied to embed.tokens) or ColumnParallelLinear(h, V, no bias),
+//           loss = sum over loss_mask of cross-entropy(logits, targets)
+//
+// qkv layout: output feature f of attn.qkv is (head, part, d) with
+//   f = head * 3 * head_dim + part * head_dim + d,  part 0 = q, 1 = k, 2 = v,
+// i.e. the weight rows are [heads, 3, head_dim] (Megatron's per-head q,k,v
+// interleaving). A contiguous column split over tp ranks therefore hands every
+// rank whole heads with their own q, k and v; attention works out the number
+// of heads from the weight it holds, so it runs unchanged on a shard.
+//
+// Parameter names: embed.tokens.weight, embed.positions.weight,
+// blocks.<i>.{ln1,ln2}.{weight,bias}, blocks.<i>.attn.{qkv,proj}.{weight,bias},
+// blocks.<i>.mlp.{fc1,fc2}.{weight,bias}, head.ln_f.{weight,bias} and, untied,
+// head.lm.weight. With tied embeddings the head reads embed.tokens.weight: a
+// pipeline split must keep that parameter (and its gradient) in sync between
+// the first and the last stage.
+//
+// Initialisation (GPT-2): weights ~ N(0, init_std), position embeddings too,
+// biases 0, LayerNorm 1/0, attn.proj and mlp.fc2 weights ~ N(0, init_std /
+// sqrt(2 * num_layers)). Everything is drawn from torch's default generator in
+// a fixed order, so equal torch::manual_seed gives equal weights.
+//
+// Thread-safety: one thread at a time (torch modules are not thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "ptrain/engine/model.h"
+#include "ptrain/nn/parallel_layers.h"
+
+namespace ptrain::llm {
+
+struct GptConfig {
+  int64_t vocab_size = 16;
+  int64_t seq_length = 16;       // number of learned positions: the longest input
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t num_heads = 4;         // must divide hidden_size
+  int64_t ffn_hidden_size = 0;   // 0 -> 4 * hidden_size
+  double dropout = 0.0;          // embeddings, attention probabilities, residual branches; train mode only
+  double init_std = 0.02;
+  bool tie_embeddings = true;
+  double layernorm_eps = 1e-5;
+
+  int64_t ffnSize() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int64_t headDim() const { return hidden_size / num_heads; }
+};
+
+class GptEmbeddingImpl : public torch::nn::Module {
+ public:
+  explicit GptEmbeddingImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& ids);
+
+  nn::VocabParallelEmbedding tokens{nullptr};
+  torch::nn::Embedding positions{nullptr};
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(GptEmbedding);
+
+class GptAttentionImpl : public torch::nn::Module {
+ public:
+  explicit GptAttentionImpl(const GptConfig& config);
+  // x [B, T, h]; additiveMask [T', T'] with T' >= T (0 on and below the diagonal, -inf above).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+
+  nn::ColumnParallelLinear qkv{nullptr};
+  nn::RowParallelLinear proj{nullptr};
+
+ private:
+  int64_t head_dim_;
+  double dropout_;
+};
+TORCH_MODULE(GptAttention);
+
+class GptMlpImpl : public torch::nn::Module {
+ public:
+  explicit GptMlpImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  nn::ColumnParallelLinear fc1{nullptr};
+  nn::RowParallelLinear fc2{nullptr};
+};
+TORCH_MODULE(GptMlp);
+
+class GptBlockImpl : public torch::nn::Module {
+ public:
+  explicit GptBlockImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+
+  torch::nn::LayerNorm ln1{nullptr};
+  GptAttention attn{nullptr};
+  torch::nn::LayerNorm ln2{nullptr};
+  GptMlp mlp{nullptr};
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(GptBlock);
+
+class GptHeadImpl : public torch::nn::Module {
+ public:
+  GptHeadImpl(const GptConfig& config, nn::VocabParallelEmbedding tiedEmbedding);
+  // hidden [..., h] -> logits [..., V].
+  at::Tensor forward(const at::Tensor& hidden);
+
+  torch::nn::LayerNorm ln_f{nullptr};
+  nn::ColumnParallelLinear lm{nullptr};  // null when tied
+
+ private:
+  // Not registered here: the tied weight is owned (and named) by embed.tokens.
+  nn::VocabParallelEmbedding tied_{nullptr};
+};
+TORCH_MODULE(GptHead);
+
+// The root module: owns embed, blocks, head.
+class GptModuleImpl : public torch::nn::Module {
+ public:
+  explicit GptModuleImpl(const GptConfig& config);
+
+  GptEmbedding embed{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  GptHead head{nullptr};
+};
+TORCH_MODULE(GptModule);
+
+class GptModel : public StagedModel {
+ public:
+  // Throws ConfigError when the shape is impossible (hidden_size not divisible
+  // by num_heads, a size < 1).
+  explicit GptModel(const GptConfig& config);
+  ~GptModel() override;
+
+  torch::nn::Module& module() override;
+  int numBlocks() const override;
+  std::string blockPrefix(int index) const override;
+  std::vector<std::string> embedPrefixes() const override;
+  std::vector<std::string> headPrefixes() const override;
+
+  // micro["tokens"] [B, T] int64, T <= seq_length -> hidden [B, T, h].
+  at::Tensor embed(const Batch& micro) override;
+  at::Tensor runBlock(int index, const at::Tensor& hidden) override;
+  // Sum over micro["loss_mask"] of the cross-entropy against micro["targets"];
+  // count = the mask's sum.
+  LossOutput head(const at::Tensor& hidden, const Batch& micro) override;
+
+  // tokens [B, T] -> logits [B, T, V] through the whole model.
+  at::Tensor logits(const at::Tensor& tokens);
+
+  // Greedy decoding of many prompts at once (prompts may differ in length).
+  // Appends argmax tokens to each prompt until it emits `stopId`, has
+  // `maxNew` new tokens, or its input would exceed seq_length. Returns the new
+  // tokens of each prompt, ending with `stopId` when the model emitted it. Runs under NoGradGuard in
+  // the module's current mode (call module().eval() first for dropout-free
+  // decoding). Each step recomputes the whole prefix: at the sequence lengths
+  // used here (16-40) that costs less than maintaining a KV cache.
+  std::vector<std::vector<int64_t>> greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
+                                                 int64_t maxNew, int64_t stopId, int64_t padId = 0);
+
+  const GptConfig& config() const { return config_; }
+  // Number of parameter values (the tied weight counted once).
+  int64_t numParameters() const;
+
+ private:
+  const at::Tensor& causalMask(int64_t length, const at::Tensor& like);
+
+  GptConfig config_;
+  GptModule root_{nullptr};
+  at::Tensor mask_;  // [seq_length, seq_length], additive, cached per dtype/device
+};
+
+}  // namespace ptrain::llm

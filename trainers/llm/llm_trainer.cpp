@@ -1,0 +1,197 @@
+#include "llm_trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "ptrain/recipe/recipe.h"
+
+namespace ptrain::llm {
+
+using datasets::ArithmeticDataset;
+using datasets::ArithmeticOp;
+using datasets::ArithmeticOptions;
+using datasets::ArithmeticTokenizer;
+
+namespace {
+
+// Problems decoded in one batch: bounds the activation memory of evaluation
+// whatever data.eval_size is.
+constexpr size_t kEvalChunk = 256;
+
+int64_t requiredInt(const Recipe& recipe, const std::string& key, const char* example) {
+  if (!recipe.has(key)) recipe.fail(key, std::string("not set; the llm trainer needs it, e.g. ") + key + ": " + example);
+  return recipe.getInt(key);
+}
+
+}  // namespace
+
+LlmTrainer::LlmTrainer(const PluginContext&) {}
+
+LlmTrainer::~LlmTrainer() = default;
+
+void LlmTrainer::describeKeys(Schema& schema) const {
+  KeySpec ops;
+  ops.path = "data.operations";
+  ops.type = ValueType::kStringList;
+  ops.default_value = "[add]";
+  ops.choices = {"add", "sub", "mul"};
+  ops.doc = "Arithmetic operations the problems use, drawn uniformly per problem (add, sub, mul).";
+  schema.add(ops);
+
+  KeySpec digits;
+  digits.path = "data.digits";
+  digits.type = ValueType::kInt;
+  digits.default_value = "2";
+  digits.min = 1;
+  digits.max = 9;
+  digits.doc = "Most digits of each operand; operands are uniform in [0, 10^digits).";
+  schema.add(digits);
+
+  KeySpec evalSize;
+  evalSize.path = "data.eval_size";
+  evalSize.type = ValueType::kInt;
+  evalSize.default_value = "512";
+  evalSize.min = 0;
+  evalSize.doc = "Evaluation problems (a separate seeded stream), split across data-parallel ranks.";
+  schema.add(evalSize);
+}
+
+void LlmTrainer::setup(const Recipe& recipe) {
+  if (recipe.has("data.name")) {
+    const std::string name = recipe.getString("data.name");
+    if (!name.empty() && name != "arithmetic") {
+      recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic");
+    }
+  }
+  if (recipe.has("model.num_experts") && recipe.getInt("model.num_experts") != 0) {
+    recipe.fail("model.num_experts", std::to_string(recipe.getInt("model.num_experts")) +
+                                         " experts requested, but the llm trainer builds dense models only; use 0");
+  }
+
+  ArithmeticOptions data;
+  data.operations.clear();
+  for (const std::string& name : recipe.getStringList("data.operations")) {
+    auto op = datasets::arithmeticOpFromName(name);
+    if (!op) recipe.fail("data.operations", "'" + name + "' is not an operation; use add, sub or mul");
+    if (std::find(data.operations.begin(), data.operations.end(), *op) == data.operations.end()) {
+      data.operations.push_back(*op);
+    }
+  }
+  data.digits = recipe.getInt("data.digits");
+  data.eval_size = recipe.getInt("data.eval_size");
+  data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
+  // Checked before seq_length is derived from it, so its message comes first.
+  if (data.digits < 1 || data.digits > 9) {
+    recipe.fail("data.digits", std::to_string(data.digits) + " is out of range; use 1..9");
+  }
+  data.seq_length = recipe.has("model.seq_length") ? recipe.getInt("model.seq_length")
+                                                   : ArithmeticDataset::minSeqLength(data.operations, data.digits);
+  if (auto problem = ArithmeticDataset::check(data)) recipe.fail(problem->key, problem->message);
+  dataset_.emplace(data);
+
+  GptConfig c;
+  c.num_layers = requiredInt(recipe, "model.num_layers", "2");
+  c.hidden_size = requiredInt(recipe, "model.hidden_size", "128");
+  c.num_heads = requiredInt(recipe, "model.num_attention_heads", "4");
+  c.ffn_hidden_size = recipe.getInt("model.ffn_hidden_size");
+  c.seq_length = data.seq_length;
+  const int64_t vocab = recipe.getInt("model.vocab_size");
+  if (vocab != 0 && vocab < ArithmeticTokenizer::kVocabSize) {
+    recipe.fail("model.vocab_size", std::to_string(vocab) + " is smaller than the arithmetic vocabulary (" +
+                                        std::to_string(ArithmeticTokenizer::kVocabSize) + " tokens); use 0 (from the data) or >= " +
+                                        std::to_string(ArithmeticTokenizer::kVocabSize));
+  }
+  c.vocab_size = vocab == 0 ? ArithmeticTokenizer::kVocabSize : vocab;
+  c.dropout = recipe.getFloat("model.dropout");
+  c.init_std = recipe.getFloat("model.init_std");
+  c.tie_embeddings = recipe.getBool("model.tie_embeddings");
+  if (c.num_heads < 1 || c.hidden_size % c.num_heads != 0) {
+    recipe.fail("model.hidden_size", std::to_string(c.hidden_size) + " is not a multiple of model.num_attention_heads=" +
+                                         std::to_string(c.num_heads) + "; use e.g. " +
+                                         std::to_string(c.num_heads * std::max<int64_t>(1, c.hidden_size / c.num_heads)));
+  }
+  config_ = c;
+}
+
+std::shared_ptr<StagedModel> LlmTrainer::buildModel() {
+  PTRAIN_CHECK(dataset_.has_value(), "llm trainer: buildModel() before setup()");
+  auto model = std::make_shared<GptModel>(config_);
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
+  built_.push_back(model);
+  return model;
+}
+
+Batch LlmTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
+  PTRAIN_CHECK(dataset_.has_value(), "llm trainer: globalBatch() before setup()");
+  return dataset_->trainBatch(step, globalBatchSize);
+}
+
+double LlmTrainer::lossCount(const Batch& batch) const { return batch.at("loss_mask").sum().item<double>(); }
+
+double LlmTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.at("tokens").numel()); }
+
+double LlmTrainer::trainFlops(double tokens) const {
+  const double h = static_cast<double>(config_.hidden_size);
+  const double f = static_cast<double>(config_.ffnSize());
+  const double layers = static_cast<double>(config_.num_layers);
+  const double matmulParams = layers * (4 * h * h + 2 * h * f) + static_cast<double>(config_.vocab_size) * h;
+  const double attention = 12 * layers * h * static_cast<double>(config_.seq_length);
+  return tokens * (6 * matmulParams + attention);
+}
+
+GptModel& LlmTrainer::ownModel(StagedModel& model) {
+  for (const auto& w : built_) {
+    if (auto p = w.lock(); p && p.get() == &model) return *p;
+  }
+  throw InternalError("llm trainer: evaluate() got a model that this trainer's buildModel() did not create");
+}
+
+std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+  PTRAIN_CHECK(dataset_.has_value(), "llm trainer: evaluate() before setup()");
+  PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "llm trainer: eval shard ",
+               ctx.shard, " of ", ctx.num_shards);
+  GptModel& gpt = ownModel(model);
+  torch::NoGradGuard noGrad;
+
+  const std::vector<datasets::ArithmeticProblem> all = dataset_->evalProblems();
+  const size_t n = all.size();
+  const size_t begin = n * static_cast<size_t>(ctx.shard) / static_cast<size_t>(ctx.num_shards);
+  const size_t end = n * static_cast<size_t>(ctx.shard + 1) / static_cast<size_t>(ctx.num_shards);
+  // Enough for the longest answer and its EOS; decoding stops there even if
+  // the model babbles on.
+  const int64_t maxNew =
+      ArithmeticDataset::maxProblemTokens(dataset_->options().operations, dataset_->options().digits);
+
+  double correct = 0, lossSum = 0, lossCount = 0;
+  for (size_t chunk = begin; chunk < end; chunk += kEvalChunk) {
+    const size_t stop = std::min(end, chunk + kEvalChunk);
+    std::vector<datasets::ArithmeticProblem> problems(all.begin() + chunk, all.begin() + stop);
+
+    LossOutput loss = gpt.forward(dataset_->batchOf(problems));
+    lossSum += loss.loss_sum.item<double>();
+    lossCount += loss.count;
+
+    std::vector<std::vector<int64_t>> prompts;
+    prompts.reserve(problems.size());
+    for (const auto& p : problems) prompts.push_back(ArithmeticTokenizer::encode(p.prompt()));
+    auto generated = gpt.greedyDecode(prompts, maxNew, ArithmeticTokenizer::kEos, ArithmeticTokenizer::kPad);
+    for (size_t i = 0; i < problems.size(); ++i) {
+      // Exactly the answer, then EOS: an answer that runs on does not count.
+      std::vector<int64_t> expected = ArithmeticTokenizer::encode(problems[i].answer());
+      expected.push_back(ArithmeticTokenizer::kEos);
+      if (generated[i] == expected) correct += 1;
+    }
+  }
+
+  at::Tensor sums = torch::tensor({correct, static_cast<double>(end - begin), lossSum, lossCount}, torch::kFloat64);
+  if (ctx.all_reduce_sum) ctx.all_reduce_sum(sums);
+  const double total = sums[1].item<double>();
+  const double count = sums[3].item<double>();
+  std::map<std::string, double> out;
+  if (total > 0) out["eval_exact_match"] = sums[0].item<double>() / total;
+  if (count > 0) out["eval_loss"] = sums[2].item<double>() / count;
+  return out;
+}
+
+}  // namespace ptrain::llm

@@ -1,0 +1,68 @@
+// LlmTrainer: the `llm` trainer plugin. A GPT decoder (gpt_model.h) learns
+// arithmetic from the character-level problems of
+// ptrain/datasets/arithmetic.h; its metric is the exact match of greedy
+// decoding on held-out problems.
+//
+// Keys it reads (docs/trainers/llm.md): model.num_layers, hidden_size,
+// num_attention_heads (required), ffn_hidden_size, seq_length (not set: the
+// shortest that fits every problem), vocab_size (0: the dataset's 16),
+// dropout, init_std, tie_embeddings; data.operations, data.digits,
+// data.eval_size; train.seed seeds the problem streams.
+//
+// Thread-safety: one thread at a time, like every trainer.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpt_model.h"
+#include "ptrain/datasets/arithmetic.h"
+#include "ptrain/engine/trainer.h"
+
+namespace ptrain::llm {
+
+class LlmTrainer : public Trainer {
+ public:
+  explicit LlmTrainer(const PluginContext& context);
+  ~LlmTrainer() override;
+
+  void describeKeys(Schema& schema) const override;
+  // Throws ConfigError (via recipe.fail, naming the key) for a missing model
+  // size, an unknown operation or dataset, a vocabulary smaller than the
+  // dataset's, a hidden size that the heads do not divide, a sequence too short
+  // for the longest problem, or MoE keys this dense model does not have.
+  void setup(const Recipe& recipe) override;
+  std::shared_ptr<StagedModel> buildModel() override;
+  Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  // Answer tokens (incl. EOS) in the batch: the loss is their mean.
+  double lossCount(const Batch& batch) const override;
+  // Input tokens: rows * seq_length.
+  double tokensIn(const Batch& batch) const override;
+  // Megatron's count: 6 * (matmul parameters, LM head included) per token
+  // for forward + backward, plus 12 * layers * hidden * seq_length per token
+  // for the attention scores and their use (QK^T and PV, forward + backward).
+  double trainFlops(double tokens) const override;
+  // eval_exact_match: the fraction of this run's evaluation problems whose
+  // greedy decoding equals the answer followed by EOS; eval_loss: mean
+  // cross-entropy per answer token on the same problems. Each data-parallel
+  // rank takes a contiguous shard; the counts are summed with one
+  // ctx.all_reduce_sum. Runs under NoGradGuard; the engine sets eval mode.
+  // `model` must come from this trainer's buildModel().
+  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
+
+  // Valid after setup().
+  const GptConfig& modelConfig() const { return config_; }
+  const datasets::ArithmeticDataset& dataset() const { return *dataset_; }
+
+ private:
+  GptModel& ownModel(StagedModel& model);
+
+  GptConfig config_;
+  std::optional<datasets::ArithmeticDataset> dataset_;
+  std::vector<std::weak_ptr<GptModel>> built_;
+};
+
+}  // namespace ptrain::llm
