@@ -13,25 +13,29 @@
 namespace ptrain::test {
 namespace {
 
-struct CollectiveCase {
+struct WorldCase {
   std::string backend;
   int world = 1;
-  at::ScalarType dtype = at::kFloat;
 };
 
-std::vector<CollectiveCase> collectiveCases() {
-  std::vector<CollectiveCase> cases;
+// Readable names in gtest and ctest output instead of a byte dump.
+void PrintTo(const WorldCase& c, std::ostream* os) { *os << c.backend << " world " << c.world; }
+
+std::vector<WorldCase> worldCases() {
+  std::vector<WorldCase> cases;
   for (const auto& plugin : commPluginsUnderTest()) {
-    for (int world = 1; world <= plugin.max_world; ++world) {
-      for (auto dtype : {at::kFloat, at::kDouble, at::kInt, at::kLong}) cases.push_back({plugin.name, world, dtype});
-    }
+    for (int world = 1; world <= plugin.max_world; ++world) cases.push_back({plugin.name, world});
   }
   return cases;
 }
 
-std::string caseName(const ::testing::TestParamInfo<CollectiveCase>& info) {
-  return info.param.backend + "_world" + std::to_string(info.param.world) + "_" + dtypeName(info.param.dtype);
+std::string worldName(const ::testing::TestParamInfo<WorldCase>& info) {
+  return info.param.backend + "_world" + std::to_string(info.param.world);
 }
+
+// Every dtype runs inside one set of rank processes: starting processes and
+// groups costs more than the operations.
+const std::vector<at::ScalarType> kDtypes{at::kFloat, at::kDouble, at::kInt, at::kLong};
 
 // 0 and 1 element, odd sizes that split unevenly over any chunking, and one
 // large message (about a million elements in all) that makes Gloo pick its
@@ -53,8 +57,9 @@ void expectSame(const at::Tensor& actual, const at::Tensor& expected, const std:
                 << expected.reshape({-1})[first].item<double>();
 }
 
-std::string ctx(const char* op, int64_t count, int rank, const char* reduce = "") {
-  return detail::concat(op, reduce[0] ? "(" : "", reduce, reduce[0] ? ")" : "", " count=", count, " rank=", rank);
+std::string ctx(at::ScalarType dtype, const char* op, int64_t count, int rank, const char* reduce = "") {
+  return detail::concat(op, reduce[0] ? "(" : "", reduce, reduce[0] ? ")" : "", " ", dtypeName(dtype), " count=", count,
+                        " rank=", rank);
 }
 
 // Local names: the core's toString(ReduceOp) is not exported from libptrain_core.
@@ -110,28 +115,30 @@ const std::vector<ReduceCase> kReduceCases{
     {ReduceOp::kProduct, productInput, productExpected},
 };
 
-class CommCollectives : public ::testing::TestWithParam<CollectiveCase> {};
+class CommCollectives : public ::testing::TestWithParam<WorldCase> {};
 
 TEST_P(CommCollectives, AllreduceEveryOpMatchesClosedForm) {
   const auto c = GetParam();
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {
     auto& g = comm.world();
     const int n = g.size(), r = g.rank();
-    for (int64_t count : kCounts) {
-      at::Tensor i = at::arange(count, at::kLong);
-      for (const auto& rc : kReduceCases) {
-        at::Tensor t = rc.input(i, r).to(c.dtype);
-        AllreduceOptions opts;
-        opts.op = rc.op;
-        g.allreduce(t, opts)->wait();
-        expectSame(t, rc.expected(i, n).to(c.dtype), ctx("allreduce", count, r, opName(rc.op)));
+    for (at::ScalarType dtype : kDtypes) {
+      for (int64_t count : kCounts) {
+        at::Tensor i = at::arange(count, at::kLong);
+        for (const auto& rc : kReduceCases) {
+          at::Tensor t = rc.input(i, r).to(dtype);
+          AllreduceOptions opts;
+          opts.op = rc.op;
+          g.allreduce(t, opts)->wait();
+          expectSame(t, rc.expected(i, n).to(dtype), ctx(dtype, "allreduce", count, r, opName(rc.op)));
+        }
       }
+      // A multi-dimensional tensor is reduced element by element the same way.
+      at::Tensor i2 = at::arange(6 * 5, at::kLong).view({6, 5});
+      at::Tensor t2 = sumInput(i2, r).to(dtype);
+      g.allreduce(t2)->wait();
+      expectSame(t2, sumExpected(i2, n).to(dtype), ctx(dtype, "allreduce 2-D", 30, r));
     }
-    // A multi-dimensional tensor is reduced element by element the same way.
-    at::Tensor i2 = at::arange(6 * 5, at::kLong).view({6, 5});
-    at::Tensor t2 = sumInput(i2, r).to(c.dtype);
-    g.allreduce(t2)->wait();
-    expectSame(t2, sumExpected(i2, n).to(c.dtype), ctx("allreduce 2-D", 30, r));
   });
 }
 
@@ -140,18 +147,20 @@ TEST_P(CommCollectives, AllgatherPlacesEachRankInItsBlock) {
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {
     auto& g = comm.world();
     const int n = g.size(), r = g.rank();
-    for (int64_t count : blockCounts(n)) {
-      // Rank r's element i is r * count + i, so the gathered whole is 0, 1, 2, ...
-      at::Tensor input = (r * count + at::arange(count, at::kLong)).to(c.dtype);
-      at::Tensor output = at::full({n * count}, -1, at::TensorOptions().dtype(c.dtype));
+    for (at::ScalarType dtype : kDtypes) {
+      for (int64_t count : blockCounts(n)) {
+        // Rank r's element i is r * count + i, so the gathered whole is 0, 1, 2, ...
+        at::Tensor input = (r * count + at::arange(count, at::kLong)).to(dtype);
+        at::Tensor output = at::full({n * count}, -1, at::TensorOptions().dtype(dtype));
+        g.allgather(output, input)->wait();
+        expectSame(output, at::arange(n * count, at::kLong).to(dtype), ctx(dtype, "allgather", count, r));
+      }
+      // Dim-0 blocks of a 2-D output: [3, 5] per rank -> [3n, 5].
+      at::Tensor input = (r * 15 + at::arange(15, at::kLong)).view({3, 5}).to(dtype);
+      at::Tensor output = at::zeros({3 * n, 5}, at::TensorOptions().dtype(dtype));
       g.allgather(output, input)->wait();
-      expectSame(output, at::arange(n * count, at::kLong).to(c.dtype), ctx("allgather", count, r));
+      expectSame(output, at::arange(15 * n, at::kLong).view({3 * n, 5}).to(dtype), ctx(dtype, "allgather 2-D", 15, r));
     }
-    // Dim-0 blocks of a 2-D output: [3, 5] per rank -> [3n, 5].
-    at::Tensor input = (r * 15 + at::arange(15, at::kLong)).view({3, 5}).to(c.dtype);
-    at::Tensor output = at::zeros({3 * n, 5}, at::TensorOptions().dtype(c.dtype));
-    g.allgather(output, input)->wait();
-    expectSame(output, at::arange(15 * n, at::kLong).view({3 * n, 5}).to(c.dtype), ctx("allgather 2-D", 15, r));
   });
 }
 
@@ -160,18 +169,20 @@ TEST_P(CommCollectives, ReduceScatterEveryOpMatchesClosedForm) {
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {
     auto& g = comm.world();
     const int n = g.size(), r = g.rank();
-    for (int64_t count : blockCounts(n)) {
-      // Input element f (of n * count) follows the allreduce contributions;
-      // rank r receives the reduction of block r: indices r*count ... .
-      at::Tensor f = at::arange(n * count, at::kLong);
-      at::Tensor mine = f.narrow(0, r * count, count);
-      for (const auto& rc : kReduceCases) {
-        at::Tensor input = rc.input(f, r).to(c.dtype);
-        at::Tensor output = at::full({count}, -1, at::TensorOptions().dtype(c.dtype));
-        ReduceScatterOptions opts;
-        opts.op = rc.op;
-        g.reduceScatter(output, input, opts)->wait();
-        expectSame(output, rc.expected(mine, n).to(c.dtype), ctx("reduce_scatter", count, r, opName(rc.op)));
+    for (at::ScalarType dtype : kDtypes) {
+      for (int64_t count : blockCounts(n)) {
+        // Input element f (of n * count) follows the allreduce contributions;
+        // rank r receives the reduction of block r: indices r*count ... .
+        at::Tensor f = at::arange(n * count, at::kLong);
+        at::Tensor mine = f.narrow(0, r * count, count);
+        for (const auto& rc : kReduceCases) {
+          at::Tensor input = rc.input(f, r).to(dtype);
+          at::Tensor output = at::full({count}, -1, at::TensorOptions().dtype(dtype));
+          ReduceScatterOptions opts;
+          opts.op = rc.op;
+          g.reduceScatter(output, input, opts)->wait();
+          expectSame(output, rc.expected(mine, n).to(dtype), ctx(dtype, "reduce_scatter", count, r, opName(rc.op)));
+        }
       }
     }
   });
@@ -182,15 +193,17 @@ TEST_P(CommCollectives, BroadcastFromEveryRoot) {
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {
     auto& g = comm.world();
     const int n = g.size(), r = g.rank();
-    for (int64_t count : kCounts) {
-      at::Tensor i = at::arange(count, at::kLong);
-      for (int root = 0; root < n; ++root) {
-        at::Tensor expected = (root * 100000 + i.remainder(99991)).to(c.dtype);
-        at::Tensor t = r == root ? expected.clone() : at::full({count}, -7, at::TensorOptions().dtype(c.dtype));
-        BroadcastOptions opts;
-        opts.root = root;
-        g.broadcast(t, opts)->wait();
-        expectSame(t, expected, ctx("broadcast", count, r, std::to_string(root).c_str()));
+    for (at::ScalarType dtype : kDtypes) {
+      for (int64_t count : kCounts) {
+        at::Tensor i = at::arange(count, at::kLong);
+        for (int root = 0; root < n; ++root) {
+          at::Tensor expected = (root * 100000 + i.remainder(99991)).to(dtype);
+          at::Tensor t = r == root ? expected.clone() : at::full({count}, -7, at::TensorOptions().dtype(dtype));
+          BroadcastOptions opts;
+          opts.root = root;
+          g.broadcast(t, opts)->wait();
+          expectSame(t, expected, ctx(dtype, "broadcast", count, r, std::to_string(root).c_str()));
+        }
       }
     }
   });
@@ -201,17 +214,19 @@ TEST_P(CommCollectives, AllToAllEqualSplits) {
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {
     auto& g = comm.world();
     const int n = g.size(), r = g.rank();
-    for (int64_t count : blockCounts(n)) {
-      // Block j of rank r's input holds (r n + j) * 100000 + i; after the
-      // exchange block j of rank r's output must hold (j n + r) * 100000 + i.
-      at::Tensor f = at::arange(n * count, at::kLong);
-      at::Tensor block = count > 0 ? f.div(count, "floor") : f;
-      at::Tensor i = count > 0 ? f.remainder(count).remainder(100000) : f;
-      at::Tensor input = ((r * n + block) * 100000 + i).to(c.dtype);
-      at::Tensor expected = ((block * n + r) * 100000 + i).to(c.dtype);
-      at::Tensor output = at::full({n * count}, -1, at::TensorOptions().dtype(c.dtype));
-      g.allToAll(output, input)->wait();
-      expectSame(output, expected, ctx("all_to_all", count, r));
+    for (at::ScalarType dtype : kDtypes) {
+      for (int64_t count : blockCounts(n)) {
+        // Block j of rank r's input holds (r n + j) * 100000 + i; after the
+        // exchange block j of rank r's output must hold (j n + r) * 100000 + i.
+        at::Tensor f = at::arange(n * count, at::kLong);
+        at::Tensor block = count > 0 ? f.div(count, "floor") : f;
+        at::Tensor i = count > 0 ? f.remainder(count).remainder(100000) : f;
+        at::Tensor input = ((r * n + block) * 100000 + i).to(dtype);
+        at::Tensor expected = ((block * n + r) * 100000 + i).to(dtype);
+        at::Tensor output = at::full({n * count}, -1, at::TensorOptions().dtype(dtype));
+        g.allToAll(output, input)->wait();
+        expectSame(output, expected, ctx(dtype, "all_to_all", count, r));
+      }
     }
   });
 }
@@ -224,53 +239,38 @@ TEST_P(CommCollectives, AllToAllUnevenSplits) {
       GTEST_SKIP() << c.backend << " does not support uneven all_to_all";
     }
     const int n = g.size(), r = g.rank();
-    const int64_t width = 3;
-    for (int64_t scale : {1, 700}) {
-      // Rows sent from src to dst: uneven, including zero-row pairs.
-      auto rows = [&](int src, int dst) -> int64_t { return ((src + 2 * dst) % 3) * scale + (src == dst ? 1 : 0); };
-      // Element (row, col) of the src -> dst block.
-      auto block = [&](int src, int dst) {
-        at::Tensor e = at::arange(rows(src, dst) * width, at::kLong).view({rows(src, dst), width});
-        return ((src * n + dst) * 8192 + e).to(c.dtype);
-      };
-      AllToAllOptions opts;
-      std::vector<at::Tensor> inBlocks, expectedBlocks;
-      for (int j = 0; j < n; ++j) {
-        opts.input_split_sizes.push_back(rows(r, j));
-        opts.output_split_sizes.push_back(rows(j, r));
-        inBlocks.push_back(block(r, j));
-        expectedBlocks.push_back(block(j, r));
+    for (at::ScalarType dtype : kDtypes) {
+      const int64_t width = 3;
+      for (int64_t scale : {1, 700}) {
+        // Rows sent from src to dst: uneven, including zero-row pairs.
+        auto rows = [&](int src, int dst) -> int64_t { return ((src + 2 * dst) % 3) * scale + (src == dst ? 1 : 0); };
+        // Element (row, col) of the src -> dst block.
+        auto block = [&](int src, int dst) {
+          at::Tensor e = at::arange(rows(src, dst) * width, at::kLong).view({rows(src, dst), width});
+          return ((src * n + dst) * 8192 + e).to(dtype);
+        };
+        AllToAllOptions opts;
+        std::vector<at::Tensor> inBlocks, expectedBlocks;
+        for (int j = 0; j < n; ++j) {
+          opts.input_split_sizes.push_back(rows(r, j));
+          opts.output_split_sizes.push_back(rows(j, r));
+          inBlocks.push_back(block(r, j));
+          expectedBlocks.push_back(block(j, r));
+        }
+        at::Tensor input = at::cat(inBlocks, 0);
+        at::Tensor expected = at::cat(expectedBlocks, 0);
+        at::Tensor output = at::full_like(expected, -1);
+        g.allToAll(output, input, opts)->wait();
+        expectSame(output, expected, ctx(dtype, "all_to_all uneven", input.size(0), r));
       }
-      at::Tensor input = at::cat(inBlocks, 0);
-      at::Tensor expected = at::cat(expectedBlocks, 0);
-      at::Tensor output = at::full_like(expected, -1);
-      g.allToAll(output, input, opts)->wait();
-      expectSame(output, expected, ctx("all_to_all uneven", input.size(0), r));
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Comm, CommCollectives, ::testing::ValuesIn(collectiveCases()), caseName);
+INSTANTIATE_TEST_SUITE_P(Comm, CommCollectives, ::testing::ValuesIn(worldCases()), worldName);
 
 // ------------------------------------------------------------------------
 // Point to point and barrier: dtype does not matter, world size does.
-
-struct WorldCase {
-  std::string backend;
-  int world = 1;
-};
-
-std::vector<WorldCase> worldCases() {
-  std::vector<WorldCase> cases;
-  for (const auto& plugin : commPluginsUnderTest()) {
-    for (int world = 1; world <= plugin.max_world; ++world) cases.push_back({plugin.name, world});
-  }
-  return cases;
-}
-
-std::string worldName(const ::testing::TestParamInfo<WorldCase>& info) {
-  return info.param.backend + "_world" + std::to_string(info.param.world);
-}
 
 class CommWorld : public ::testing::TestWithParam<WorldCase> {};
 
@@ -300,8 +300,9 @@ TEST_P(CommWorld, SendRecvRingWithTags) {
       recvA->wait();
       sendA->wait();
       sendB->wait();
-      expectSame(gotA, (prev * 1000 + at::arange(count, at::kLong)).to(at::kFloat), ctx("recv tag 1", count, r));
-      expectSame(gotB, prev * 1000 + 7 + at::arange(count, at::kLong), ctx("recv tag 2", count, r));
+      expectSame(gotA, (prev * 1000 + at::arange(count, at::kLong)).to(at::kFloat),
+                 ctx(at::kFloat, "recv tag 1", count, r));
+      expectSame(gotB, prev * 1000 + 7 + at::arange(count, at::kLong), ctx(at::kLong, "recv tag 2", count, r));
     }
   });
 }
@@ -341,7 +342,7 @@ TEST_P(CommWorld, OutstandingOperationsCompleteInIssueOrder) {
       EXPECT_TRUE(works[static_cast<size_t>(k)]->isCompleted());
       // sum over r of (r + k) = n (n - 1) / 2 + n k
       expectSame(tensors[static_cast<size_t>(k)], at::full({1000 + k}, n * (n - 1) / 2 + n * k, at::kLong),
-                 ctx("allreduce in flight", 1000 + k, r));
+                 ctx(at::kLong, "allreduce in flight", 1000 + k, r));
     }
   });
 }

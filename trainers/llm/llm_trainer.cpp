@@ -88,7 +88,6 @@ void LlmTrainer::setup(const Recipe& recipe) {
   data.seq_length = recipe.has("model.seq_length") ? recipe.getInt("model.seq_length")
                                                    : ArithmeticDataset::minSeqLength(data.operations, data.digits);
   if (auto problem = ArithmeticDataset::check(data)) recipe.fail(problem->key, problem->message);
-  dataset_.emplace(data);
 
   GptConfig c;
   c.num_layers = requiredInt(recipe, "model.num_layers", "2");
@@ -111,6 +110,8 @@ void LlmTrainer::setup(const Recipe& recipe) {
                                          std::to_string(c.num_heads) + "; use e.g. " +
                                          std::to_string(c.num_heads * std::max<int64_t>(1, c.hidden_size / c.num_heads)));
   }
+  // Only a fully valid recipe replaces what an earlier setup() prepared.
+  dataset_.emplace(data);
   config_ = c;
 }
 

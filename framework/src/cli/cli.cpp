@@ -88,7 +88,15 @@ int main(int argc, char** argv) {
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown);
   } catch (const Error& e) {
-    std::fprintf(stderr, "ptrain: %s\n", e.what());
+    // One line per problem (a layout can have several), each prefixed.
+    std::string text = e.what();
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      std::fprintf(stderr, "ptrain: %s\n", text.substr(start, end - start).c_str());
+      start = end + 1;
+    }
     return e.exitCode();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());

@@ -21,7 +21,8 @@ namespace ptrain::cli {
 // name on the plugin search path, or a library that cannot be loaded); `check`
 // then holds the recipe to the core keys alone, so the trainer's own keys are
 // reported as unknown.
-bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot) {
+bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot,
+                             std::unique_ptr<Plugin>* trainerOut) {
   // The recipe is not validated yet: a malformed plugins.paths or trainer.name
   // is reported by validation, so here it only means "no trainer to ask".
   std::string name;
@@ -44,6 +45,7 @@ bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* 
     ctx.recipe = &recipe;
     std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, name, ctx, "trainer.name");
     static_cast<const Trainer&>(*plugin).describeKeys(schema);
+    if (trainerOut != nullptr) *trainerOut = std::move(plugin);
     return true;
   } catch (const PluginLoadError& e) {
     *whyNot = e.what();
@@ -65,7 +67,8 @@ int cmdCheck(const CheckArgs& args) {
   Schema schema;
   describeCoreKeys(schema);
   std::string whyNot;
-  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot);
+  std::unique_ptr<Plugin> trainerPlugin;
+  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin);
 
   std::vector<std::string> problems = recipe.validateAll(schema);
   if (!problems.empty()) return report(problems);
@@ -74,6 +77,15 @@ int cmdCheck(const CheckArgs& args) {
   problems = checkLayout(recipe, world);
   if (!problems.empty()) return report(problems);
   for (const auto& w : layoutWarnings(recipe, world)) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
+  // Values that are fine alone but not together (e.g. a sequence too short
+  // for the dataset's problems) are the trainer's to judge, as in `run`.
+  if (trainerPlugin) {
+    try {
+      static_cast<Trainer&>(*trainerPlugin).setup(recipe);
+    } catch (const ConfigError& e) {
+      return report({e.what()});
+    }
+  }
 
   const LayoutPlan plan = planLayout(recipe, world);
   const LayoutSizes& s = plan.sizes;

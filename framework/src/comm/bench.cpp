@@ -15,7 +15,8 @@ at::ScalarType parseDtype(const std::string& dtype) {
   if (dtype == "float64") return at::kDouble;
   if (dtype == "int32") return at::kInt;
   if (dtype == "int64") return at::kLong;
-  throw ConfigError(detail::concat("--dtype: '", dtype, "' is not a benchmark dtype; use float32, float64, int32 or int64"));
+  throw ConfigError(
+      detail::concat("--dtype: '", dtype, "' is not a benchmark dtype; use float32, float64, int32 or int64"));
 }
 
 bool splitsOverRanks(const std::string& op) {

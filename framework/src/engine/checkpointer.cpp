@@ -50,21 +50,56 @@ std::string shapeString(at::IntArrayRef sizes) {
   return os.str();
 }
 
+// The full tensor of a shard: gathered over the group along the spec's dim.
+at::Tensor unshard(const at::Tensor& shard, const ShardSpec& spec, ProcessGroup& group) {
+  PTRAIN_CHECK(spec.num_shards == group.size(), "shard spec of ", spec.num_shards, " shards, group of ", group.size());
+  // The group gathers dim-0 blocks: move the sharded dim to the front.
+  at::Tensor front = shard.detach().transpose(0, spec.dim).contiguous();
+  std::vector<int64_t> fullShape = front.sizes().vec();
+  fullShape[0] *= spec.num_shards;
+  at::Tensor gathered = torch::empty(fullShape, front.options());
+  group.allgather(gathered, front)->wait();
+  return gathered.transpose(0, spec.dim).contiguous();
+}
+
+// This rank's slice of a full tensor.
+at::Tensor shardOf(const at::Tensor& full, const ShardSpec& spec) {
+  const int64_t size = spec.full_size / spec.num_shards;
+  return full.narrow(spec.dim, spec.index * size, size);
+}
+
+// Full-size tensors for every name, gathering the sharded ones.
+std::vector<std::pair<std::string, at::Tensor>> unshardAll(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::function<const ShardSpec*(const std::string&)>& specOf, ProcessGroup& group) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, t] : tensors) {
+    const ShardSpec* spec = specOf(name);
+    out.emplace_back(name, spec ? unshard(t, *spec, group) : t.detach());
+  }
+  return out;
+}
+
 }  // namespace
 
-Checkpointer::Checkpointer(std::string runDir, const Recipe& recipe, std::string layout)
-    : runDir_(std::move(runDir)), recipe_(recipe), layout_(std::move(layout)) {}
+Checkpointer::Checkpointer(std::string runDir, const Recipe& recipe, std::string layout,
+                           std::shared_ptr<ProcessGroup> tensorGroup)
+    : runDir_(std::move(runDir)), recipe_(recipe), layout_(std::move(layout)), tensorGroup_(std::move(tensorGroup)) {}
 
 void Checkpointer::save(int64_t step, StagedModel& model, const Optimizer& optimizer, bool writer,
                         ProcessGroup& world) {
+  torch::NoGradGuard noGrad;
+  auto paramSpec = [&](const std::string& name) -> const ShardSpec* {
+    auto it = model.shard_specs.find(name);
+    return it == model.shard_specs.end() ? nullptr : &it->second;
+  };
+  // Optimizer moments are named "<moment>.<parameter>" and sharded like it.
+  auto stateSpec = [&](const std::string& name) { return paramSpec(name.substr(name.find('.') + 1)); };
+  auto params = unshardAll(model.module().named_parameters().pairs(), paramSpec, *tensorGroup_);
+  auto moments = unshardAll(optimizer.state(), stateSpec, *tensorGroup_);
   if (writer) {
-    torch::NoGradGuard noGrad;
-    std::vector<std::pair<std::string, at::Tensor>> params;
     nlohmann::json shapes = nlohmann::json::object();
-    for (const auto& item : model.module().named_parameters()) {
-      params.emplace_back(item.key(), item.value().detach());
-      shapes[item.key()] = item.value().sizes().vec();
-    }
+    for (const auto& [name, t] : params) shapes[name] = t.sizes().vec();
     nlohmann::json meta{
         {"step", step},
         {"data_position", step},  // index of the next global batch
@@ -76,7 +111,7 @@ void Checkpointer::save(int64_t step, StagedModel& model, const Optimizer& optim
     };
     writeCheckpointAtomically(runDir_, step, [&](const std::string& dir) {
       saveSafetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
-      saveSafetensors((fs::path(dir) / "optimizer.safetensors").string(), optimizer.state(), {{"format", "pt"}});
+      saveSafetensors((fs::path(dir) / "optimizer.safetensors").string(), moments, {{"format", "pt"}});
       writeJsonFile((fs::path(dir) / "meta.json").string(), meta);
     });
     pruneCheckpoints(runDir_, static_cast<int>(recipe_.getInt("checkpoint.keep")), step);
@@ -109,14 +144,33 @@ int64_t Checkpointer::restoreLatest(StagedModel& model, Optimizer& optimizer) {
       throw CheckpointError(detail::concat(dir, ": no parameter '", item.key(),
                                            "': the checkpoint is from another model"));
     }
-    if (!it->second.sizes().equals(item.value().sizes())) {
+    auto specIt = model.shard_specs.find(item.key());
+    at::Tensor source = it->second;
+    if (specIt != model.shard_specs.end()) {
+      const ShardSpec& spec = specIt->second;
+      if (source.dim() <= spec.dim || source.size(spec.dim) != spec.full_size) {
+        throw CheckpointError(detail::concat(dir, ": parameter '", item.key(), "' has shape ",
+                                             shapeString(source.sizes()), ", not ", spec.full_size, " along dim ",
+                                             spec.dim, ": the checkpoint is from another model"));
+      }
+      source = shardOf(source, spec);
+    }
+    if (!source.sizes().equals(item.value().sizes())) {
       throw CheckpointError(detail::concat(dir, ": parameter '", item.key(), "' has shape ",
                                            shapeString(it->second.sizes()), ", this model has ",
                                            shapeString(item.value().sizes()), ": the checkpoint is from another model"));
     }
-    item.value().copy_(it->second);
+    item.value().copy_(source);
   }
   auto state = loadSafetensors((fs::path(dir) / "optimizer.safetensors").string());
+  // Moments are stored full-size: take this rank's slice, as for parameters.
+  for (auto& [name, t] : state.tensors) {
+    auto specIt = model.shard_specs.find(name.substr(name.find('.') + 1));
+    if (specIt != model.shard_specs.end() && t.dim() > specIt->second.dim &&
+        t.size(specIt->second.dim) == specIt->second.full_size) {
+      t = shardOf(t, specIt->second).contiguous();
+    }
+  }
   try {
     optimizer.load(state.tensors, meta.at("optimizer_step").get<int64_t>());
     at::Generator generator = at::detail::getDefaultCPUGenerator();

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include <ATen/core/Tensor.h>
 
 namespace ptrain {
 
@@ -16,9 +19,13 @@ class StagedModel;
 
 class Checkpointer {
  public:
-  Checkpointer(std::string runDir, const Recipe& recipe, std::string layout);
+  // `tensorGroup`: the group sharded parameters are gathered over (and
+  // resharded for) — checkpoints always hold full tensors.
+  Checkpointer(std::string runDir, const Recipe& recipe, std::string layout,
+               std::shared_ptr<ProcessGroup> tensorGroup);
 
-  // Collective over `world`: `writer` writes, everyone waits until it is done.
+  // Collective over `world`: every rank gathers its shards, `writer` writes,
+  // everyone waits until it is done.
   void save(int64_t step, StagedModel& model, const Optimizer& optimizer, bool writer, ProcessGroup& world);
   // Loads the newest checkpoint into model and optimizer, restores the RNG
   // state; returns its step. Throws CheckpointError when there is none, or
@@ -29,6 +36,7 @@ class Checkpointer {
   std::string runDir_;
   const Recipe& recipe_;
   std::string layout_;
+  std::shared_ptr<ProcessGroup> tensorGroup_;
 };
 
 }  // namespace ptrain

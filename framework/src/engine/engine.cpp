@@ -86,7 +86,18 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
   }
 
   Optimizer optimizer(model->module().named_parameters().pairs(), OptimizerOptions::fromRecipe(recipe));
-  Checkpointer checkpointer(options.run_dir, recipe, layout.describe());
+  auto tpGroup = comm.group(GroupKind::kTensor);
+  Checkpointer checkpointer(options.run_dir, recipe, layout.describe(), tpGroup);
+
+  // Gradient norm: shards are summed over the tensor-parallel group, and a
+  // parameter replicated on every tensor-parallel rank is counted by its
+  // first rank only.
+  std::vector<bool> countedInNorm;
+  for (const auto& name : optimizer.parameterNames()) {
+    countedInNorm.push_back(model->shard_specs.count(name) > 0 || tpGroup->rank() == 0);
+  }
+  std::function<void(at::Tensor&)> sumNormSquares;
+  if (tpGroup->size() > 1) sumNormSquares = [&](at::Tensor& t) { tpGroup->allreduce(t)->wait(); };
 
   const int64_t steps = recipe.getInt("train.steps");
   const int64_t globalBatch = recipe.getInt("train.global_batch_size");
@@ -135,10 +146,13 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
       (out.loss_sum / globalCount).backward();
       lossSum += out.loss_sum.item<double>();
     }
-    for (auto* p : parallel) p->finishGradients();
+    // Unwound in reverse order of application: data-parallel sums first, then
+    // e.g. tensor-parallel sums of partial (sequence-parallel) gradients.
+    for (auto it = parallel.rbegin(); it != parallel.rend(); ++it) (*it)->finishGradients();
 
     const double lr = learningRate(optimizer.options(), step);
-    const double gradNorm = clipGradNorm(optimizer.parameters(), optimizer.options().clip_grad);
+    const double gradNorm =
+        clipGradNorm(optimizer.parameters(), optimizer.options().clip_grad, sumNormSquares, countedInNorm);
     optimizer.step(lr);
     optimizer.zeroGrad();
     ++step;

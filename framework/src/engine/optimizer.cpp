@@ -116,17 +116,23 @@ void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t ste
 }
 
 double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
-                    const std::function<void(at::Tensor&)>& sumSquares) {
+                    const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted) {
   torch::NoGradGuard noGrad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0;
-  auto norms = at::_foreach_norm(grads, 2);
-  at::Tensor total = torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+  std::vector<at::Tensor> grads, countedGrads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    if (counted.empty() || counted[i]) countedGrads.push_back(p.grad());
+  }
+  at::Tensor total = torch::zeros({}, torch::kFloat64);
+  if (!countedGrads.empty()) {
+    auto norms = at::_foreach_norm(countedGrads, 2);
+    total = torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+  }
   if (sumSquares) sumSquares(total);
   const double norm = std::sqrt(total.item<double>());
-  if (maxNorm > 0 && norm > maxNorm) {
+  if (maxNorm > 0 && norm > maxNorm && !grads.empty()) {
     at::_foreach_mul_(grads, maxNorm / (norm + 1e-6));
   }
   return norm;

@@ -87,8 +87,8 @@ void GroupState::rethrow(const char* op, Timeout waited) const {
     throw;
   } catch (const std::exception& e) {
     const std::string why = reasonOf(e);
-    const std::string limit =
-        detail::concat(formatSeconds(waited), waited == timeout ? " (communication.timeout_s)" : " (the operation's timeout)");
+    const std::string limit = detail::concat(
+        formatSeconds(waited), waited == timeout ? " (communication.timeout_s)" : " (the operation's timeout)");
     if (contains(why, "Operation timed out")) {
       // c10d's wait gave up; the operation itself is still queued or running.
       throw TimeoutError(detail::concat(where(op), " timed out after ", limit, ": a peer is missing or stuck"));

@@ -23,7 +23,7 @@
 namespace ptrain {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin, kProduct };
-const char* toString(ReduceOp op);
+PTRAIN_API const char* toString(ReduceOp op);
 
 // Operations a backend may or may not implement natively.
 enum class Capability { kAllToAllUneven, kSendRecv, kCuda };

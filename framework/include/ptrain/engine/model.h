@@ -9,6 +9,7 @@
 // calls embed, every block, then head.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,18 @@ namespace ptrain {
 struct LossOutput {
   at::Tensor loss_sum;  // scalar, differentiable
   double count = 0;     // items in loss_sum
+};
+
+// How one parameter is split across the tensor-parallel group: this rank
+// holds slice `index` of `num_shards` equal slices along `dim` of a tensor
+// whose full size along `dim` is `full_size`. Parameters without a spec are
+// replicated. Set by the tensor plugin; read by the engine to count gradient
+// norms once, and to save checkpoints unsharded and reshard them on load.
+struct ShardSpec {
+  int dim = 0;
+  int num_shards = 1;
+  int index = 0;
+  int64_t full_size = 0;
 };
 
 class PTRAIN_API StagedModel {
@@ -51,6 +64,9 @@ class PTRAIN_API StagedModel {
 
   // Whole model on one rank: embed, every block, head.
   LossOutput forward(const Batch& micro);
+
+  // Parameter name -> how it is sharded (absent: replicated on every rank).
+  std::map<std::string, ShardSpec> shard_specs;
 };
 
 }  // namespace ptrain

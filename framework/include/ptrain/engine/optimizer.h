@@ -51,6 +51,7 @@ class PTRAIN_API Optimizer {
   const OptimizerOptions& options() const { return options_; }
   // The parameters it updates, in order.
   const std::vector<at::Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameterNames() const { return names_; }
 
   // State as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>") for
   // checkpoints, and back. load() checks names and shapes (CheckpointError).
@@ -65,11 +66,14 @@ class PTRAIN_API Optimizer {
   int64_t step_ = 0;
 };
 
-// Scales every gradient so their global L2 norm is at most maxNorm (no-op
-// when maxNorm <= 0). Returns the norm before clipping. `sumSquares`, when
-// given, turns the local sum of squares into the global one (e.g. summing
-// over tensor-parallel shards); it is called once.
+// Scales every gradient of `params` so their global L2 norm is at most
+// maxNorm (no-op when maxNorm <= 0). Returns the norm before clipping.
+// `counted` says which of them this rank adds to the norm (empty: all), so a
+// parameter replicated across tensor-parallel ranks is counted once;
+// `sumSquares`, when given, turns the local sum of squares (float64 scalar)
+// into the global one (e.g. an all-reduce over the model-parallel group).
 PTRAIN_API double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
-                               const std::function<void(at::Tensor&)>& sumSquares = {});
+                               const std::function<void(at::Tensor&)>& sumSquares = {},
+                               const std::vector<bool>& counted = {});
 
 }  // namespace ptrain

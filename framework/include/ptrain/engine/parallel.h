@@ -23,8 +23,9 @@ class PTRAIN_API ParallelPlugin : public Plugin {
   virtual void apply(StagedModel& model, Communicator& comm) = 0;
   // Called before the backward pass of micro-batch `index` of `count`.
   virtual void beforeBackward(int index, int count) {}
-  // Called after the last backward pass of a step: every gradient this plugin
-  // is responsible for must be final when it returns.
+  // Called after the last backward pass of a step, in reverse order of
+  // application (data first): every gradient this plugin is responsible for
+  // must be final when it returns.
   virtual void finishGradients() {}
   // Figures of the last step (e.g. "dp_comm_bytes"), merged into the metrics.
   virtual std::map<std::string, double> stepStats() const { return {}; }
