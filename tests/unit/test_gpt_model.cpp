@@ -6,12 +6,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "../../trainers/llm/gpt_model.h"
 #include "../../trainers/llm/llm_trainer.h"
 #include "ptrain/datasets/arithmetic.h"
+#include "ptrain/nn/tensor_parallel.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 
@@ -307,6 +310,104 @@ TEST(GptModel, BatchedGreedyDecodeMatchesOnePromptAtATime) {
   }
   // Prompt 3 has 10 tokens: 2 can be fed back, a third is predicted from position 11.
   EXPECT_LE(batched[3].size(), 3u);
+}
+
+TEST(GptModel, PaddedVocabularyEntriesNeverCount) {
+  // vocab_size 18 pads the 16 real ids (e.g. to split over 3 ranks): the loss
+  // is the cross-entropy over the first 16 logits, and decoding never emits 16 or 17.
+  GptConfig c = smallConfig();
+  c.vocab_size = 18;
+  c.valid_vocab = 16;
+  c.tie_embeddings = false;
+  torch::manual_seed(9);
+  GptModel m(c);
+  {
+    torch::NoGradGuard noGrad;
+    auto p = params(m);
+    // Make the padding rows win every argmax if they were allowed to.
+    p.at("head.ln_f.bias").fill_(1.0);
+    p.at("head.lm.weight").narrow(0, 16, 2).narrow(1, 0, 32).fill_(5.0);
+  }
+  at::Tensor tokens = torch::randint(0, 16, {2, 6}, torch::kInt64);
+  at::Tensor targets = torch::randint(0, 16, {2, 6}, torch::kInt64);
+  Batch b;
+  b.tensors = {{"tokens", tokens}, {"targets", targets}, {"loss_mask", torch::ones({2, 6})}};
+  ptrain::LossOutput out = m.forward(b);
+  torch::NoGradGuard noGrad;
+  at::Tensor all = m.logits(tokens);
+  ASSERT_EQ(all.size(-1), 18);
+  EXPECT_TRUE((all.argmax(-1) >= 16).all().item<bool>());  // the padding does dominate
+  at::Tensor logp = torch::log_softmax(all.narrow(-1, 0, 16), -1);
+  const double expected = -logp.gather(-1, targets.unsqueeze(-1)).sum().item<double>();
+  EXPECT_NEAR(out.loss_sum.item<double>(), expected, 1e-3);
+  for (const auto& row : m.greedyDecode({{3, 12, 4, 15}, {5}}, 4, 1)) {
+    for (int64_t id : row) EXPECT_LT(id, 16);
+  }
+}
+
+TEST(GptModel, TensorParallelPlanNamesEveryParallelLayer) {
+  GptConfig c = smallConfig();
+  c.tie_embeddings = false;
+  torch::manual_seed(10);
+  GptModel m(c);
+  ptrain::TensorParallelPlan plan = m.tensorParallelPlan();
+  std::map<std::string, ptrain::nn::ParallelStyle> styles;
+  for (const auto& [prefix, layer] : plan.layers) styles[prefix] = layer->parallelStyle();
+  using ptrain::nn::ParallelStyle;
+  const std::map<std::string, ParallelStyle> expected{
+      {"embed.tokens.", ParallelStyle::kVocab},      {"head.lm.", ParallelStyle::kColumn},
+      {"blocks.0.attn.qkv.", ParallelStyle::kColumn}, {"blocks.0.attn.proj.", ParallelStyle::kRow},
+      {"blocks.0.mlp.fc1.", ParallelStyle::kColumn},  {"blocks.0.mlp.fc2.", ParallelStyle::kRow},
+      {"blocks.1.attn.qkv.", ParallelStyle::kColumn}, {"blocks.1.attn.proj.", ParallelStyle::kRow},
+      {"blocks.1.mlp.fc1.", ParallelStyle::kColumn},  {"blocks.1.mlp.fc2.", ParallelStyle::kRow}};
+  EXPECT_EQ(styles, expected);
+  // Every LayerNorm parameter, and nothing else, acts on sequence shards.
+  std::set<std::string> partial(plan.sequence_parallel_params.begin(), plan.sequence_parallel_params.end());
+  std::set<std::string> norms;
+  for (const auto& [name, t] : params(m))
+    if (name.find(".ln") != std::string::npos) norms.insert(name);
+  EXPECT_EQ(partial, norms);
+  EXPECT_EQ(norms.size(), 10u);  // 2 blocks x 2 norms x {weight, bias} + ln_f
+
+  // Tied: no head.lm; the tied projection goes through embed.tokens.
+  GptModel tied(smallConfig());
+  for (const auto& [prefix, layer] : tied.tensorParallelPlan().layers) EXPECT_NE(prefix, "head.lm.");
+
+  // A group of one changes nothing.
+  at::Tensor tokens = torch::randint(0, 16, {2, 8}, torch::kInt64);
+  at::Tensor before = m.logits(tokens).detach();
+  auto one = std::make_shared<ptrain::nn::TensorParallelState>();
+  EXPECT_TRUE(ptrain::nn::applyTensorParallel(m, one).empty());
+  EXPECT_TRUE(torch::equal(m.logits(tokens), before));
+}
+
+TEST(GptModel, TensorParallelNeedsWholeHeads) {
+  torch::manual_seed(11);
+  GptModel m(smallConfig());  // 4 heads, seq_length 12
+  auto three = std::make_shared<ptrain::nn::TensorParallelState>();
+  three->size = 3;
+  try {
+    m.setTensorParallel(three);
+    FAIL() << "3 ranks accepted for 4 heads";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "parallel.tensor_model_parallel_size: 3 does not divide model.num_attention_heads=4 (each rank needs "
+              "whole heads); use a size that divides it");
+  }
+  GptConfig c = smallConfig();
+  c.seq_length = 9;
+  GptModel odd(c);
+  auto two = std::make_shared<ptrain::nn::TensorParallelState>();
+  two->size = 2;
+  two->sequence_parallel = true;
+  try {
+    odd.setTensorParallel(two);
+    FAIL() << "sequence of 9 split over 2 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.seq_length=9 is not divisible by parallel.tensor_model_parallel_size=2"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- the trainer ----

@@ -6,12 +6,16 @@
 #include <cmath>
 #include <limits>
 
+#include "ptrain/nn/cross_entropy.h"
+
 namespace ptrain::llm {
 namespace {
 
 at::Tensor maybeDropout(const at::Tensor& x, double p, bool training) {
   return (p > 0 && training) ? torch::dropout(x, p, true) : x;
 }
+
+bool sequenceParallel(const TensorParallelStatePtr& tp) { return nn::isActive(tp.get()) && tp->sequence_parallel; }
 
 torch::nn::LayerNorm makeLayerNorm(const GptConfig& c) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layernorm_eps));
@@ -27,7 +31,7 @@ double residualStd(const GptConfig& c) { return c.init_std / std::sqrt(2.0 * sta
 // ---- embedding ----
 
 GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& c) : dropout_(c.dropout) {
-  tokens = register_module("tokens", nn::VocabParallelEmbedding(c.vocab_size, c.hidden_size, c.init_std));
+  tokens = register_module("tokens", nn::VocabParallelEmbedding(c.paddedVocab(), c.hidden_size, c.init_std));
   positions = register_module("positions", torch::nn::Embedding(c.seq_length, c.hidden_size));
   // torch's Embedding draws N(0, 1); GPT-2 uses the same small std as every weight.
   torch::NoGradGuard noGrad;
@@ -37,7 +41,10 @@ GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& c) : dropout_(c.dropout) {
 at::Tensor GptEmbeddingImpl::forward(const at::Tensor& ids) {
   const int64_t length = ids.size(1);
   at::Tensor x = tokens(ids) + positions->weight.narrow(0, 0, length);
-  return maybeDropout(x, dropout_, is_training());
+  // Dropout on the whole tensor, before any sequence split: every rank of a
+  // tensor-parallel group draws the mask one rank would.
+  x = maybeDropout(x, dropout_, is_training());
+  return sequenceParallel(tp_) ? nn::scatterToSequenceParallelRegion(x, *tp_, 1) : x;
 }
 
 // ---- attention ----
@@ -48,9 +55,11 @@ GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : head_dim_(c.headDim()),
 }
 
 at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
-  const int64_t batch = x.size(0);
-  const int64_t length = x.size(1);
-  at::Tensor qkvOut = qkv(x);  // [B, T, heads * 3 * d]
+  // [B, T, heads * 3 * d]; the whole sequence even when x is a sequence shard
+  // (the column-parallel layer gathers it).
+  at::Tensor qkvOut = qkv(x);
+  const int64_t batch = qkvOut.size(0);
+  const int64_t length = qkvOut.size(1);
   // Heads from the output width, not the config: on a tensor-parallel shard
   // this rank holds only some heads.
   const int64_t heads = qkvOut.size(-1) / (3 * head_dim_);
@@ -63,7 +72,15 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor mask = additiveMask.narrow(0, 0, length).narrow(1, 0, length);
   at::Tensor scores = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-  at::Tensor probs = maybeDropout(torch::softmax(scores, -1), dropout_, is_training());
+  at::Tensor probs = torch::softmax(scores, -1);
+  if (dropout_ > 0 && is_training()) {
+    // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
+    // sample: draw the mask of all heads and keep those.
+    probs = nn::isActive(tp_.get())
+                ? nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
+                      .view({batch * heads, length, length})
+                : torch::dropout(probs, dropout_, true);
+  }
   at::Tensor out = torch::bmm(probs, v)  // [B * heads, T, d]
                        .view({batch, heads, length, head_dim_})
                        .permute({0, 2, 1, 3})
@@ -90,8 +107,21 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout) {
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
-  at::Tensor h = x + maybeDropout(attn(ln1(x), additiveMask), dropout_, is_training());
-  return h + maybeDropout(mlp(ln2(h)), dropout_, is_training());
+  at::Tensor h = x + residualDropout(attn(ln1(x), additiveMask));
+  return h + residualDropout(mlp(ln2(h)));
+}
+
+void GptBlockImpl::setTensorParallel(TensorParallelStatePtr state) {
+  attn->setTensorParallel(state);
+  tp_ = std::move(state);
+}
+
+at::Tensor GptBlockImpl::residualDropout(const at::Tensor& x) {
+  if (dropout_ <= 0 || !is_training()) return x;
+  // Sequence shards get their slice of the whole tensor's mask; replicated
+  // activations (plain tensor parallelism) draw the same mask on every rank.
+  if (sequenceParallel(tp_)) return nn::shardedDropout(x, dropout_, true, 1, tp_->size, tp_->rank);
+  return torch::dropout(x, dropout_, true);
 }
 
 // ---- head ----
@@ -101,13 +131,13 @@ GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbe
   if (c.tie_embeddings) {
     tied_ = std::move(tiedEmbedding);
   } else {
-    lm = register_module("lm", nn::ColumnParallelLinear(c.hidden_size, c.vocab_size, false, c.init_std));
+    lm = register_module("lm", nn::ColumnParallelLinear(c.hidden_size, c.paddedVocab(), false, c.init_std));
   }
 }
 
 at::Tensor GptHeadImpl::forward(const at::Tensor& hidden) {
   at::Tensor x = ln_f(hidden);
-  return lm ? lm(x) : torch::nn::functional::linear(x, tied_->weight);
+  return lm ? lm(x) : tied_->projectToVocab(x);
 }
 
 // ---- root ----
@@ -177,17 +207,52 @@ LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
   at::Tensor logits = root_->head(hidden);
   const at::Tensor& targets = micro.at("targets");
   const at::Tensor& lossMask = micro.at("loss_mask");
-  const int64_t vocab = logits.size(-1);
-  // Cross-entropy in fp32 whatever the compute dtype: log-softmax over the
-  // vocabulary is where half precision loses the most.
-  at::Tensor perToken = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-  at::Tensor mask = lossMask.reshape({-1}).to(perToken.scalar_type());
+  // fp32 whatever the compute dtype (log-softmax over the vocabulary is where
+  // half precision loses the most), padding entries excluded, and across the
+  // group when the vocabulary is split.
+  at::Tensor perToken = nn::vocabParallelCrossEntropy(logits, targets, config_.validVocab(), tp_.get());
+  at::Tensor mask = lossMask.to(perToken.scalar_type());
   LossOutput out;
   out.loss_sum = (perToken * mask).sum();
   out.count = mask.sum().item<double>();
   return out;
+}
+
+TensorParallelPlan GptModel::tensorParallelPlan() {
+  TensorParallelPlan plan;
+  plan.layers.emplace_back("embed.tokens.", root_->embed->tokens.get());
+  for (int i = 0; i < numBlocks(); ++i) {
+    auto* block = root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(i)).get();
+    const std::string prefix = blockPrefix(i);
+    plan.layers.emplace_back(prefix + "attn.qkv.", block->attn->qkv.get());
+    plan.layers.emplace_back(prefix + "attn.proj.", block->attn->proj.get());
+    plan.layers.emplace_back(prefix + "mlp.fc1.", block->mlp->fc1.get());
+    plan.layers.emplace_back(prefix + "mlp.fc2.", block->mlp->fc2.get());
+    for (const char* ln : {"ln1.", "ln2."}) {
+      plan.sequence_parallel_params.push_back(prefix + ln + "weight");
+      plan.sequence_parallel_params.push_back(prefix + ln + "bias");
+    }
+  }
+  if (root_->head->lm) plan.layers.emplace_back("head.lm.", root_->head->lm.get());
+  plan.sequence_parallel_params.push_back("head.ln_f.weight");
+  plan.sequence_parallel_params.push_back("head.ln_f.bias");
+  return plan;
+}
+
+void GptModel::setTensorParallel(TensorParallelStatePtr state) {
+  if (nn::isActive(state.get())) {
+    const int64_t size = state->size;
+    PTRAIN_CHECK_AS(ConfigError, config_.num_heads % size == 0, "parallel.tensor_model_parallel_size: ", size,
+                    " does not divide model.num_attention_heads=", config_.num_heads,
+                    " (each rank needs whole heads); use a size that divides it");
+    PTRAIN_CHECK_AS(ConfigError, !state->sequence_parallel || config_.seq_length % size == 0,
+                    "parallel.sequence_parallel: model.seq_length=", config_.seq_length,
+                    " is not divisible by parallel.tensor_model_parallel_size=", size, "; use model.seq_length=",
+                    (config_.seq_length + size - 1) / size * size);
+  }
+  root_->embed->setTensorParallel(state);
+  for (int i = 0; i < numBlocks(); ++i) root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(i))->setTensorParallel(state);
+  tp_ = std::move(state);
 }
 
 at::Tensor GptModel::logits(const at::Tensor& tokens) {
@@ -232,6 +297,8 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
       width = std::max(width, length[static_cast<size_t>(r)]);
     }
     if (rowsNow.empty()) break;
+    // A sequence split needs a length the group divides (seq_length does).
+    if (sequenceParallel(tp_)) width = std::min(capacity, (width + tp_->size - 1) / tp_->size * tp_->size);
     at::Tensor index = torch::tensor(rowsNow, torch::kInt64);
     at::Tensor input = buffer.index_select(0, index).narrow(1, 0, width).to(device);
 
@@ -240,14 +307,16 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
     at::Tensor hidden = embed(b);
     for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
     // Causality makes the padding after a shorter row's end irrelevant to its
-    // last position; read each row's logits there.
+    // last position; read each row's logits there. The head runs on the whole
+    // width, as in training, so sequence and vocabulary splits work unchanged.
     std::vector<int64_t> lastPos;
     lastPos.reserve(rowsNow.size());
     for (int64_t r : rowsNow) lastPos.push_back(length[static_cast<size_t>(r)] - 1);
     at::Tensor pos = torch::tensor(lastPos, torch::kInt64).to(device);
     at::Tensor rowIdx = torch::arange(static_cast<int64_t>(rowsNow.size()), torch::TensorOptions(torch::kInt64).device(device));
-    at::Tensor last = hidden.index({rowIdx, pos});  // [rows, h]
-    at::Tensor next = root_->head(last).argmax(-1).to(torch::kCPU).contiguous();
+    at::Tensor last = root_->head(hidden).index({rowIdx, pos});  // [rows, V (/ tp)]
+    at::Tensor next =
+        nn::vocabParallelArgmax(last, config_.validVocab(), tp_.get()).to(torch::kCPU, torch::kInt64).contiguous();
     const int64_t* nextPtr = next.data_ptr<int64_t>();
 
     int64_t* buf = buffer.data_ptr<int64_t>();

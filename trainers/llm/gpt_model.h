@@ -24,6 +24,20 @@
 // pipeline split must keep that parameter (and its gradient) in sync between
 // the first and the last stage.
 //
+// Tensor parallelism (tensorParallelPlan / setTensorParallel, see
+// ptrain/nn/tensor_parallel.h): qkv, fc1 and an untied lm are column-parallel,
+// proj and fc2 row-parallel, embed.tokens vocab-parallel (the tied head uses
+// its projectToVocab); logits stay split by vocabulary and go through
+// nn::vocabParallelCrossEntropy / vocabParallelArgmax, so the padding entries
+// (ids >= valid_vocab, and the rows paddedVocab() adds so that the vocabulary
+// divides the group) never count.
+// Needs num_attention_heads divisible by the group size. Under sequence
+// parallelism the embeddings are scattered along the sequence after their
+// dropout, LayerNorms and residuals act on sequence shards (their parameters
+// are listed as partial-gradient parameters), and every dropout draws the mask
+// of the whole tensor and keeps its shard (nn::shardedDropout), so any layout
+// drops exactly what one rank would; seq_length must divide by the group size.
+//
 // Initialisation (GPT-2): weights ~ N(0, init_std), position embeddings too,
 // biases 0, LayerNorm 1/0, attn.proj and mlp.fc2 weights ~ N(0, init_std /
 // sqrt(2 * num_layers)). Everything is drawn from torch's default generator in
@@ -44,11 +58,18 @@
 
 #include "ptrain/engine/model.h"
 #include "ptrain/nn/parallel_layers.h"
+#include "ptrain/nn/tp_comm.h"
 
 namespace ptrain::llm {
 
 struct GptConfig {
   int64_t vocab_size = 16;
+  int64_t valid_vocab = 0;       // ids >= valid_vocab are padding, never predicted; 0: vocab_size
+  // The embedding (and an untied LM head) has vocab_size rounded up to a
+  // multiple of this many rows (Megatron's make_vocab_size_divisible_by); the
+  // extra rows are padding like the ids >= valid_vocab. A fixed number, not
+  // the tensor-parallel size, so every layout builds the same embedding.
+  int64_t make_vocab_size_divisible_by = 1;
   int64_t seq_length = 16;       // number of learned positions: the longest input
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -61,26 +82,40 @@ struct GptConfig {
 
   int64_t ffnSize() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t headDim() const { return hidden_size / num_heads; }
+  int64_t validVocab() const { return valid_vocab > 0 ? valid_vocab : vocab_size; }
+  // Rows of the embedding: vocab_size rounded up to make_vocab_size_divisible_by.
+  int64_t paddedVocab() const {
+    const int64_t d = make_vocab_size_divisible_by > 0 ? make_vocab_size_divisible_by : 1;
+    return (vocab_size + d - 1) / d * d;
+  }
 };
+
+using TensorParallelStatePtr = std::shared_ptr<const nn::TensorParallelState>;
 
 class GptEmbeddingImpl : public torch::nn::Module {
  public:
   explicit GptEmbeddingImpl(const GptConfig& config);
+  // ids [B, T] -> [B, T, h], or [B, T / tp, h] (this rank's sequence shard)
+  // under sequence parallelism.
   at::Tensor forward(const at::Tensor& ids);
+  void setTensorParallel(TensorParallelStatePtr state) { tp_ = std::move(state); }
 
   nn::VocabParallelEmbedding tokens{nullptr};
   torch::nn::Embedding positions{nullptr};
 
  private:
   double dropout_;
+  TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptEmbedding);
 
 class GptAttentionImpl : public torch::nn::Module {
  public:
   explicit GptAttentionImpl(const GptConfig& config);
-  // x [B, T, h]; additiveMask [T', T'] with T' >= T (0 on and below the diagonal, -inf above).
+  // x [B, T, h] (a sequence shard under sequence parallelism); additiveMask
+  // [T', T'] with T' >= T (0 on and below the diagonal, -inf above).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+  void setTensorParallel(TensorParallelStatePtr state) { tp_ = std::move(state); }
 
   nn::ColumnParallelLinear qkv{nullptr};
   nn::RowParallelLinear proj{nullptr};
@@ -88,6 +123,7 @@ class GptAttentionImpl : public torch::nn::Module {
  private:
   int64_t head_dim_;
   double dropout_;
+  TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptAttention);
 
@@ -105,6 +141,7 @@ class GptBlockImpl : public torch::nn::Module {
  public:
   explicit GptBlockImpl(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+  void setTensorParallel(TensorParallelStatePtr state);
 
   torch::nn::LayerNorm ln1{nullptr};
   GptAttention attn{nullptr};
@@ -112,14 +149,18 @@ class GptBlockImpl : public torch::nn::Module {
   GptMlp mlp{nullptr};
 
  private:
+  at::Tensor residualDropout(const at::Tensor& x);
+
   double dropout_;
+  TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptBlock);
 
 class GptHeadImpl : public torch::nn::Module {
  public:
   GptHeadImpl(const GptConfig& config, nn::VocabParallelEmbedding tiedEmbedding);
-  // hidden [..., h] -> logits [..., V].
+  // hidden [B, T, h] -> logits [B, T, V] (V = paddedVocab()), or [B, T, V / tp] (this rank's
+  // vocabulary slice) under tensor parallelism.
   at::Tensor forward(const at::Tensor& hidden);
 
   torch::nn::LayerNorm ln_f{nullptr};
@@ -162,7 +203,15 @@ class GptModel : public StagedModel {
   // count = the mask's sum.
   LossOutput head(const at::Tensor& hidden, const Batch& micro) override;
 
-  // tokens [B, T] -> logits [B, T, V] through the whole model.
+  // Every parallel layer with its prefix; LayerNorm parameters as the
+  // sequence-parallel partial-gradient ones.
+  TensorParallelPlan tensorParallelPlan() override;
+  // Throws ConfigError when num_attention_heads (or, with sequence
+  // parallelism, seq_length) is not divisible by the group size.
+  void setTensorParallel(TensorParallelStatePtr state) override;
+
+  // tokens [B, T] -> logits [B, T, paddedVocab()] through the whole model (this rank's
+  // vocabulary slice under tensor parallelism).
   at::Tensor logits(const at::Tensor& tokens);
 
   // Greedy decoding of many prompts at once (prompts may differ in length).
@@ -171,7 +220,9 @@ class GptModel : public StagedModel {
   // tokens of each prompt, ending with `stopId` when the model emitted it. Runs under NoGradGuard in
   // the module's current mode (call module().eval() first for dropout-free
   // decoding). Each step recomputes the whole prefix: at the sequence lengths
-  // used here (16-40) that costs less than maintaining a KV cache.
+  // used here (16-40) that costs less than maintaining a KV cache. Under
+  // tensor parallelism every rank of the group must call it with the same
+  // prompts (the argmax is taken across the group).
   std::vector<std::vector<int64_t>> greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
                                                  int64_t maxNew, int64_t stopId, int64_t padId = 0);
 
@@ -185,6 +236,7 @@ class GptModel : public StagedModel {
   GptConfig config_;
   GptModule root_{nullptr};
   at::Tensor mask_;  // [seq_length, seq_length], additive, cached per dtype/device
+  TensorParallelStatePtr tp_;
 };
 
 }  // namespace ptrain::llm

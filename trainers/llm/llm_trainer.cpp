@@ -48,6 +48,16 @@ void LlmTrainer::describeKeys(Schema& schema) const {
   digits.doc = "Most digits of each operand; operands are uniform in [0, 10^digits).";
   schema.add(digits);
 
+  KeySpec padTo;
+  padTo.path = "model.make_vocab_size_divisible_by";
+  padTo.type = ValueType::kInt;
+  padTo.default_value = "128";
+  padTo.min = 1;
+  padTo.doc = "Pad the vocabulary (embedding and LM-head rows) to a multiple of this; padding is never predicted. "
+              "Fixed, so every tensor-parallel size starts from the same weights; must be divisible by "
+              "tensor_model_parallel_size (after padding).";
+  schema.add(padTo);
+
   KeySpec evalSize;
   evalSize.path = "data.eval_size";
   evalSize.type = ValueType::kInt;
@@ -102,6 +112,25 @@ void LlmTrainer::setup(const Recipe& recipe) {
                                         std::to_string(ArithmeticTokenizer::kVocabSize));
   }
   c.vocab_size = vocab == 0 ? ArithmeticTokenizer::kVocabSize : vocab;
+  c.valid_vocab = ArithmeticTokenizer::kVocabSize;  // ids beyond the data's are never predicted
+  c.make_vocab_size_divisible_by = recipe.getInt("model.make_vocab_size_divisible_by");
+  // The padded vocabulary splits by rows across tensor-parallel ranks.
+  const int64_t tp = recipe.getInt("parallel.tensor_model_parallel_size");
+  if (c.paddedVocab() % tp != 0) {
+    recipe.fail("model.make_vocab_size_divisible_by",
+                "the padded vocabulary of " + std::to_string(c.paddedVocab()) + " (vocab_size " +
+                    std::to_string(c.vocab_size) + " rounded up to a multiple of " +
+                    std::to_string(c.make_vocab_size_divisible_by) +
+                    ") is not divisible by parallel.tensor_model_parallel_size=" + std::to_string(tp) +
+                    "; use a multiple of " + std::to_string(tp));
+  }
+  // A derived seq_length is not seen by the layout checks: check the split here.
+  if (recipe.getBool("parallel.sequence_parallel") && tp > 1 && c.seq_length % tp != 0) {
+    recipe.fail("model.seq_length", std::to_string(c.seq_length) + (recipe.has("model.seq_length") ? "" : " (derived)") +
+                                        " is not divisible by parallel.tensor_model_parallel_size=" + std::to_string(tp) +
+                                        ", which sequence_parallel needs; set model.seq_length to " +
+                                        std::to_string((c.seq_length + tp - 1) / tp * tp));
+  }
   c.dropout = recipe.getFloat("model.dropout");
   c.init_std = recipe.getFloat("model.init_std");
   c.tie_embeddings = recipe.getBool("model.tie_embeddings");
@@ -136,6 +165,8 @@ double LlmTrainer::trainFlops(double tokens) const {
   const double h = static_cast<double>(config_.hidden_size);
   const double f = static_cast<double>(config_.ffnSize());
   const double layers = static_cast<double>(config_.num_layers);
+  // Model FLOPs: the LM head over vocab_size, not the padded rows, which are
+  // overhead of the layout (as recomputation would be).
   const double matmulParams = layers * (4 * h * h + 2 * h * f) + static_cast<double>(config_.vocab_size) * h;
   const double attention = 12 * layers * h * static_cast<double>(config_.seq_length);
   return tokens * (6 * matmulParams + attention);

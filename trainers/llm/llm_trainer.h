@@ -6,8 +6,11 @@
 // Keys it reads (docs/trainers/llm.md): model.num_layers, hidden_size,
 // num_attention_heads (required), ffn_hidden_size, seq_length (not set: the
 // shortest that fits every problem), vocab_size (0: the dataset's 16),
-// dropout, init_std, tie_embeddings; data.operations, data.digits,
-// data.eval_size; train.seed seeds the problem streams.
+// make_vocab_size_divisible_by (its own key: the embedding pads the vocabulary
+// to a multiple of it, 128 by default), dropout, init_std, tie_embeddings;
+// data.operations, data.digits, data.eval_size; train.seed seeds the problem
+// streams; parallel.tensor_model_parallel_size and sequence_parallel for the
+// checks below.
 //
 // Thread-safety: one thread at a time, like every trainer.
 #pragma once
@@ -33,7 +36,9 @@ class LlmTrainer : public Trainer {
   // Throws ConfigError (via recipe.fail, naming the key) for a missing model
   // size, an unknown operation or dataset, a vocabulary smaller than the
   // dataset's, a hidden size that the heads do not divide, a sequence too short
-  // for the longest problem, or MoE keys this dense model does not have.
+  // for the longest problem, MoE keys this dense model does not have, a padded
+  // vocabulary that tensor_model_parallel_size does not divide, or (with
+  // sequence_parallel) a seq_length it does not divide.
   void setup(const Recipe& recipe) override;
   std::shared_ptr<StagedModel> buildModel() override;
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;

@@ -197,6 +197,12 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
     out.push_back(v.at({kHeads, kHidden}) + "num_attention_heads=" + n(heads) + " does not divide hidden_size=" +
                   n(hidden) + ": use " + list(divisors(hidden)));
   }
+  // With heads that split across tp and divide hidden, hidden splits too;
+  // checked on its own only for models without attention heads.
+  if (heads == 0 && hidden > 0 && hidden % v.tp != 0) {
+    out.push_back(v.at({kTp, kHidden}) + "tensor_model_parallel_size=" + n(v.tp) + " does not divide hidden_size=" +
+                  n(hidden) + ": use " + list(divisors(hidden)));
+  }
   const int64_t ffnSet = v.model("ffn_hidden_size");
   const int64_t ffn = ffnSet > 0 ? ffnSet : 4 * hidden;
   if (ffn > 0 && ffn % v.tp != 0) {

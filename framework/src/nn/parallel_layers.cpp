@@ -4,6 +4,19 @@
 
 namespace ptrain::nn {
 
+const char* toString(ParallelStyle style) {
+  switch (style) {
+    case ParallelStyle::kColumn: return "column";
+    case ParallelStyle::kRow: return "row";
+    case ParallelStyle::kVocab: return "vocab";
+  }
+  return "?";
+}
+
+ParallelLayer::~ParallelLayer() = default;
+
+void ParallelLayer::setTensorParallel(std::shared_ptr<const TensorParallelState> state) { tp_ = std::move(state); }
+
 // Weights ~ N(0, init_std) and zero biases, GPT-2 style. Drawn full-size from
 // torch's default generator, so equal seeds give equal weights whatever the
 // layout.
@@ -14,8 +27,22 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t inFeatures, int64_t o
   if (withBias) bias = register_parameter("bias", torch::zeros({outFeatures}));
 }
 
+ColumnParallelLinearImpl::~ColumnParallelLinearImpl() = default;
+
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  return torch::nn::functional::linear(input, weight, bias);
+  if (!parallel()) return torch::nn::functional::linear(input, weight, bias);
+  // Every rank needs the whole input; its gradient is a partial sum per rank
+  // (each rank's output features see it through their own weight rows).
+  at::Tensor x = sequenceParallel() ? gatherFromSequenceParallelRegion(input, *tp_, sequence_dim)
+                                    : copyToTpRegion(input, *tp_);
+  at::Tensor out = torch::nn::functional::linear(x, weight, bias);
+  return gather_output ? gatherFromTpRegion(out, *tp_) : out;
+}
+
+std::vector<std::pair<std::string, int>> ColumnParallelLinearImpl::splitParameters() const {
+  std::vector<std::pair<std::string, int>> out{{"weight", 0}};
+  if (bias.defined()) out.emplace_back("bias", 0);
+  return out;
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(int64_t inFeatures, int64_t outFeatures, bool withBias, double initStd)
@@ -24,8 +51,23 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t inFeatures, int64_t outFeat
   if (withBias) bias = register_parameter("bias", torch::zeros({outFeatures}));
 }
 
+RowParallelLinearImpl::~RowParallelLinearImpl() = default;
+
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
-  return torch::nn::functional::linear(input, weight, bias);
+  if (!parallel()) return torch::nn::functional::linear(input, weight, bias);
+  at::Tensor x = input_is_parallel ? input : scatterToTpRegion(input, *tp_);
+  at::Tensor partial = torch::nn::functional::linear(x, weight);
+  at::Tensor out = sequenceParallel() ? reduceScatterToSequenceParallelRegion(partial, *tp_, sequence_dim)
+                                      : reduceFromTpRegion(partial, *tp_);
+  // After the sum: added once, not once per rank.
+  return bias.defined() ? out + bias : out;
+}
+
+std::vector<std::pair<std::string, int>> RowParallelLinearImpl::splitParameters() const { return {{"weight", 1}}; }
+
+std::vector<std::string> RowParallelLinearImpl::sequenceParallelPartialParameters() const {
+  if (bias.defined()) return {"bias"};
+  return {};
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t numEmbeddings, int64_t dim, double initStd)
@@ -33,8 +75,45 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t numEmbeddings, in
   weight = register_parameter("weight", torch::randn({numEmbeddings, dim}) * initStd);
 }
 
+VocabParallelEmbeddingImpl::~VocabParallelEmbeddingImpl() = default;
+
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
-  return torch::embedding(weight, ids);
+  if (!parallel()) return torch::embedding(weight, ids);
+  const int64_t rows = weight.size(0);
+  const int64_t start = static_cast<int64_t>(tp_->rank) * rows;
+  // Ids of other ranks look up row 0 and are zeroed: exactly one rank
+  // contributes each token's embedding to the sum.
+  at::Tensor outside = (ids < start).logical_or(ids >= start + rows);
+  at::Tensor local = (ids - start).masked_fill(outside, 0);
+  at::Tensor partial = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  return reduceFromTpRegion(partial, *tp_);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::projectToVocab(const at::Tensor& hidden) {
+  if (!parallel()) return torch::nn::functional::linear(hidden, weight);
+  at::Tensor x = sequenceParallel() ? gatherFromSequenceParallelRegion(hidden, *tp_, sequence_dim)
+                                    : copyToTpRegion(hidden, *tp_);
+  return torch::nn::functional::linear(x, weight);
+}
+
+std::vector<std::pair<std::string, int>> VocabParallelEmbeddingImpl::splitParameters() const {
+  return {{"weight", 0}};
+}
+
+at::Tensor shardedDropout(const at::Tensor& shard, double p, bool training, int64_t dim, int numShards, int index) {
+  if (!training || p <= 0 || shard.numel() == 0) return shard;
+  if (numShards <= 1) return torch::dropout(shard, p, true);
+  PTRAIN_CHECK(index >= 0 && index < numShards, "shardedDropout: shard ", index, " of ", numShards);
+  const int64_t d = dim < 0 ? dim + shard.dim() : dim;
+  std::vector<int64_t> full = shard.sizes().vec();
+  full[static_cast<size_t>(d)] *= numShards;
+  // The same steps as torch::dropout on CPU (at::native::_dropout_impl):
+  // bernoulli(1 - p) over the whole tensor, scaled by 1 / (1 - p).
+  at::Tensor noise = at::empty(full, shard.options());
+  noise.bernoulli_(1 - p);
+  noise = noise.narrow(d, index * shard.size(d), shard.size(d));
+  noise.div_(1 - p);
+  return shard * noise;
 }
 
 }  // namespace ptrain::nn

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -18,6 +20,11 @@
 #include "ptrain/engine/batch.h"
 
 namespace ptrain {
+
+namespace nn {
+class ParallelLayer;
+struct TensorParallelState;
+}  // namespace nn
 
 // The loss of one micro-batch as a sum over the items it counts (e.g. answer
 // tokens) and that count. The engine divides by the count of the whole global
@@ -38,6 +45,18 @@ struct ShardSpec {
   int num_shards = 1;
   int index = 0;
   int64_t full_size = 0;
+};
+
+// What a model tells the tensor plugin about itself (docs/tensor_parallel.md).
+struct TensorParallelPlan {
+  // The ptrain::nn parallel layers the model is built from, each with its
+  // parameter-name prefix (e.g. "blocks.0.attn.qkv."). Owned by the model.
+  std::vector<std::pair<std::string, nn::ParallelLayer*>> layers;
+  // Replicated parameters outside those layers whose gradient is a partial
+  // sum on each rank under sequence parallelism, because they act on the
+  // sequence shards only (LayerNorm weights and biases). The plugin
+  // all-reduces their gradients over the tensor-parallel group.
+  std::vector<std::string> sequence_parallel_params;
 };
 
 class PTRAIN_API StagedModel {
@@ -64,6 +83,17 @@ class PTRAIN_API StagedModel {
 
   // Whole model on one rank: embed, every block, head.
   LossOutput forward(const Batch& micro);
+
+  // Tensor parallelism, driven by the tensor plugin (ptrain::nn::
+  // applyTensorParallel): it asks for the plan, shards the parameters of the
+  // plan's layers, gives each layer the state, then calls setTensorParallel
+  // so that the model's own code (embedding, loss, decoding, the sequence-
+  // parallel regions between layers) follows. Called once, right after the
+  // model is built, on the thread that runs it. The model keeps `state`.
+  // Both default to throwing ConfigError "this model does not support tensor
+  // parallelism"; a model that overrides one overrides both.
+  virtual TensorParallelPlan tensorParallelPlan();
+  virtual void setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state);
 
   // Parameter name -> how it is sharded (absent: replicated on every rank).
   std::map<std::string, ShardSpec> shard_specs;

@@ -1,0 +1,79 @@
+#include "ptrain/nn/tensor_parallel.h"
+
+#include <torch/torch.h>
+
+#include <set>
+
+#include "ptrain/engine/model.h"
+#include "ptrain/nn/parallel_layers.h"
+
+namespace ptrain {
+
+// StagedModel's tensor-parallel hooks live with the code that drives them.
+namespace {
+[[noreturn]] void noTensorParallel() {
+  throw ConfigError(
+      "parallel.tensor_model_parallel_size: this model does not support tensor parallelism; set it to 1");
+}
+}  // namespace
+
+TensorParallelPlan StagedModel::tensorParallelPlan() { noTensorParallel(); }
+
+void StagedModel::setTensorParallel(std::shared_ptr<const nn::TensorParallelState>) { noTensorParallel(); }
+
+namespace nn {
+
+std::vector<std::string> applyTensorParallel(StagedModel& model, std::shared_ptr<const TensorParallelState> state) {
+  PTRAIN_CHECK(state != nullptr, "applyTensorParallel: null state");
+  TensorParallelPlan plan = model.tensorParallelPlan();
+  auto named = model.module().named_parameters();
+  auto param = [&](const std::string& name) -> at::Tensor& {
+    at::Tensor* p = named.find(name);
+    PTRAIN_CHECK(p != nullptr, "tensor parallel plan names parameter '", name, "', which the model does not have");
+    return *p;
+  };
+
+  torch::NoGradGuard noGrad;
+  std::set<std::string> done;
+  std::vector<std::string> partial;
+  for (const auto& [prefix, layer] : plan.layers) {
+    PTRAIN_CHECK(layer != nullptr, "tensor parallel plan: null layer at '", prefix, "'");
+    // A group of one keeps every parameter whole and records no spec.
+    if (!state->active()) {
+      layer->setTensorParallel(state);
+      continue;
+    }
+    for (const auto& [local, dim] : layer->splitParameters()) {
+      const std::string name = prefix + local;
+      PTRAIN_CHECK(done.insert(name).second, "tensor parallel plan splits '", name, "' twice");
+      at::Tensor& p = param(name);
+      PTRAIN_CHECK(dim >= 0 && dim < p.dim(), "tensor parallel: '", name, "' has no dimension ", dim);
+      const int64_t full = p.size(dim);
+      PTRAIN_CHECK_AS(ConfigError, full % state->size == 0, "parallel.tensor_model_parallel_size: ",
+                      state->size, " does not divide ", name, " (", toString(layer->parallelStyle()),
+                      "-parallel, size ", full, " along dim ", dim, "); use a size that divides ", full);
+      const int64_t chunk = full / state->size;
+      // set_data keeps the parameter object: the module's member, the
+      // registered parameter and tied users all see the slice.
+      p.set_data(p.narrow(dim, state->rank * chunk, chunk).clone(at::MemoryFormat::Contiguous));
+      model.shard_specs[name] = ShardSpec{dim, state->size, state->rank, full};
+    }
+    if (state->sequence_parallel) {  // active here
+      for (const auto& local : layer->sequenceParallelPartialParameters()) partial.push_back(prefix + local);
+    }
+    layer->setTensorParallel(state);
+  }
+  if (state->sequence_parallel && state->active()) {
+    for (const auto& name : plan.sequence_parallel_params) partial.push_back(name);
+  }
+  for (const auto& name : partial) {
+    param(name);  // exists
+    PTRAIN_CHECK(model.shard_specs.count(name) == 0, "tensor parallel plan: '", name,
+                 "' is split, so its gradient is not a partial sum");
+  }
+  model.setTensorParallel(state);
+  return partial;
+}
+
+}  // namespace nn
+}  // namespace ptrain
