@@ -62,17 +62,7 @@ std::string ctx(at::ScalarType dtype, const char* op, int64_t count, int rank, c
                         " rank=", rank);
 }
 
-// Local names: the core's toString(ReduceOp) is not exported from libptrain_core.
-const char* opName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProduct: return "product";
-  }
-  return "?";
-}
+const char* opName(ReduceOp op) { return ptrain::toString(op); }
 
 int64_t factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
 

@@ -227,7 +227,8 @@ class GptModel : public StagedModel {
                                                  int64_t maxNew, int64_t stopId, int64_t padId = 0);
 
   const GptConfig& config() const { return config_; }
-  // Number of parameter values (the tied weight counted once).
+  // Number of parameter values this rank holds (the tied weight counted
+  // once; under tensor parallelism its shards).
   int64_t numParameters() const;
 
  private:

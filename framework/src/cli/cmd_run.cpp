@@ -75,10 +75,10 @@ int cmdRun(const RunArgs& args) {
   const int nnodes = args.launch.nnodes;
   // Everything a worker would refuse is refused here first, before any
   // folder is made or process started.
-  PreparedRecipe probe = prepareRecipe(args.recipe, args.overrides, 0);
-  const int nproc = args.launch.nproc > 0 ? args.launch.nproc : static_cast<int>(probe.recipe.getInt("launch.nproc"));
+  // --nproc wins over the recipe's launch.nproc.
   PreparedRecipe prepared =
-      nproc * nnodes == probe.world_size ? std::move(probe) : prepareRecipe(args.recipe, args.overrides, nproc * nnodes);
+      prepareRecipe(args.recipe, args.overrides, args.launch.nproc > 0 ? args.launch.nproc * nnodes : 0);
+  const int nproc = args.launch.nproc > 0 ? args.launch.nproc : prepared.world_size / nnodes;
 
   std::string runDir = args.run_dir;
   if (args.resume) {

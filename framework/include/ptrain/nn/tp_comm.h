@@ -22,6 +22,10 @@
 // With a state of size 1 every function returns its input unchanged and
 // communicates nothing, so single-rank code paths stay exactly as they are.
 //
+// Throws: CommError / TimeoutError from the group when a collective fails or
+// times out (naming the operation, group and rank); InternalError when a
+// dimension to split is not divisible by the group size.
+//
 // Thread-safety: collectives on one group must be issued in the same order on
 // every member, so one thread per rank runs the model (forward and backward).
 #pragma once

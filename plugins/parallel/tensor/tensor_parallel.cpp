@@ -1,0 +1,88 @@
+// parallel/tensor: Megatron-style tensor parallelism.
+//
+// apply() splits the model's ptrain::nn parallel layers across this rank's
+// tensor-parallel group (ptrain::nn::applyTensorParallel: column-parallel
+// weights by output rows, row-parallel weights by input columns, the
+// vocabulary by rows), records a ShardSpec for every split parameter and hands
+// every layer and the model the group. The layers then communicate inside
+// forward and backward (ptrain/nn/tp_comm.h).
+//
+// With parallel.sequence_parallel, LayerNorm weights and biases and the
+// row-parallel biases act on sequence shards, so their gradients are partial
+// sums per rank: finishGradients() all-reduces them (one flat buffer) over the
+// group. The engine calls it after the data plugin's, so they are final then.
+//
+// stepStats(): tp_comm_bytes, the bytes of every tensor the layers and this
+// plugin communicated during the step (docs/tensor_parallel.md has the count).
+#include <torch/torch.h>
+
+#include "ptrain/comm/communicator.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/model.h"
+#include "ptrain/engine/parallel.h"
+#include "ptrain/nn/tensor_parallel.h"
+#include "ptrain/recipe/recipe.h"
+
+namespace {
+
+using namespace ptrain;
+
+class TensorParallel final : public ParallelPlugin {
+ public:
+  explicit TensorParallel(const PluginContext& ctx) {
+    if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
+  }
+
+  void apply(StagedModel& model, Communicator& comm) override {
+    auto group = comm.group(GroupKind::kTensor);
+    state_ = nn::TensorParallelState::create(group, sequenceParallel_ && group->size() > 1);
+    const std::vector<std::string> partial = nn::applyTensorParallel(model, state_);
+    auto named = model.module().named_parameters();
+    for (const auto& name : partial) partial_.push_back(named[name]);
+    logger()->debug("tensor parallel over {}: {} split parameters{}", group->name(), model.shard_specs.size(),
+                    state_->sequence_parallel
+                        ? ", sequence parallel with " + std::to_string(partial_.size()) + " partial gradients"
+                        : std::string());
+  }
+
+  void beforeBackward(int index, int count) override {
+    if (index == 0) state_->comm_bytes = 0;
+  }
+
+  void finishGradients() override {
+    if (partial_.empty()) return;
+    int64_t total = 0;
+    for (const auto& p : partial_) total += p.numel();
+    at::Tensor buffer = torch::empty({total}, partial_.front().options().requires_grad(false));
+    int64_t offset = 0;
+    for (const auto& p : partial_) {
+      auto slice = buffer.narrow(0, offset, p.numel());
+      if (p.grad().defined()) slice.copy_(p.grad().reshape({-1}));
+      else slice.zero_();
+      offset += p.numel();
+    }
+    state_->group->allreduce(buffer)->wait();
+    state_->comm_bytes += total * static_cast<int64_t>(buffer.element_size());
+    offset = 0;
+    for (auto& p : partial_) {
+      auto slice = buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.mutable_grad().defined()) p.mutable_grad().copy_(slice);
+      else p.mutable_grad() = slice.clone();
+      offset += p.numel();
+    }
+  }
+
+  std::map<std::string, double> stepStats() const override {
+    if (!state_) return {};
+    return {{"tp_comm_bytes", static_cast<double>(state_->comm_bytes.load())}};
+  }
+
+ private:
+  bool sequenceParallel_ = false;
+  std::shared_ptr<nn::TensorParallelState> state_;
+  std::vector<at::Tensor> partial_;  // parameters whose gradients are all-reduced in finishGradients
+};
+
+}  // namespace
+
+PTRAIN_DEFINE_PLUGIN(ptrain::plugin_kind::kParallel, "tensor", "0.1.0", TensorParallel)
