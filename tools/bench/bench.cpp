@@ -134,5 +134,46 @@ int main(int argc, char** argv) {
                 cell(ptrainStep, rss).c_str(), cell(eagerStep, eager["peak_rss_mb"].get<double>()).c_str(),
                 eagerStep / ptrainStep);
   }
+
+  // Tensor parallelism: the large model at tp=2 beside tp=1 (same global
+  // batch), with the bytes parallel/tensor moved per step against the
+  // analytic count. Per layer and micro-batch Megatron's tensor parallelism
+  // all-reduces b*s*h elements 4 times (2 forward, 2 backward); the embedding
+  // adds 2 more and the vocab-parallel loss 3 reductions of b*s (fp32).
+  {
+    const GptSize& s = sizes.back();
+    std::printf("\ntensor parallel, %s model (same global batch %d):\n", s.name.c_str(), s.batch);
+    std::printf("%-4s %8s %10s %16s %16s %8s\n", "tp", "step s", "tok/s", "measured B/step", "analytic B/step",
+                "layers");
+    for (int tp : {1, 2}) {
+      const std::string runDir =
+          (fs::temp_directory_path() / ("ptrain-bench-tp" + std::to_string(tp) + "-" + std::to_string(getpid()))).string();
+      std::ostringstream cmd;
+      cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << tp
+          << " --run-dir " << runDir << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
+          << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
+          << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup
+          << " parallel.tensor_model_parallel_size=" << tp << " 2>&1";
+      capture(cmd.str());
+      std::vector<double> stepTimes;
+      double bytes = 0;
+      std::ifstream metrics(runDir + "/metrics.jsonl");
+      std::string line;
+      while (std::getline(metrics, line)) {
+        auto j = nlohmann::json::parse(line);
+        if (!j.contains("step_time_s")) continue;
+        if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+        if (j.contains("tp_comm_bytes")) bytes = j["tp_comm_bytes"].get<double>();
+      }
+      fs::remove_all(runDir);
+      const double bsh = static_cast<double>(s.batch) * s.seq * s.hidden;
+      const double layerBytes = tp > 1 ? 4.0 * 4.0 * s.layers * bsh : 0;  // one micro-batch
+      const double analytic = tp > 1 ? 4.0 * ((4.0 * s.layers + 2.0) * bsh + 3.0 * s.batch * s.seq) : 0;
+      const double step = median(stepTimes);
+      std::printf("%-4d %8.3f %10.0f %16.0f %16.0f %8.0f\n", tp, step, s.batch * s.seq / step, bytes, analytic,
+                  layerBytes);
+    }
+    std::printf("(analytic: 4 bytes x ((4L+2) b s h + 3 b s); 'layers' is the 4 all-reduces of b s h per layer alone)\n");
+  }
   return 0;
 }
