@@ -54,6 +54,42 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// One `ptrain run` of the bench recipe at size `s` with `tp`-way tensor
+// parallelism on `tp` processes: median step time after the warm-up steps,
+// peak RSS, and the tensor plugin's bytes per step.
+struct PtrainRun {
+  double step_s = 0;
+  double rss_mb = 0;
+  double tp_bytes = 0;
+};
+
+PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int tp) {
+  const std::string runDir = (fs::temp_directory_path() /
+                              ("ptrain-bench-" + s.name + "-tp" + std::to_string(tp) + "-" + std::to_string(getpid())))
+                                 .string();
+  std::ostringstream cmd;
+  cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << tp << " --run-dir "
+      << runDir << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
+      << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
+      << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup
+      << " parallel.tensor_model_parallel_size=" << tp << " 2>&1";
+  capture(cmd.str());
+  PtrainRun run;
+  std::vector<double> stepTimes;
+  std::ifstream metrics(runDir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("step_time_s")) continue;
+    if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+    run.rss_mb = std::max(run.rss_mb, j["peak_rss_mb"].get<double>());
+    if (j.contains("tp_comm_bytes")) run.tp_bytes = j["tp_comm_bytes"].get<double>();
+  }
+  fs::remove_all(runDir);
+  run.step_s = median(stepTimes);
+  return run;
+}
+
 // fp32 matmul peak of this machine with all cores, GFLOP/s.
 double matmulPeak(int threads) {
   at::set_num_threads(threads);
@@ -91,25 +127,9 @@ int main(int argc, char** argv) {
     double ptrainStep = 1e30, eagerStep = 1e30, rss = 0;
     nlohmann::json eager;
     for (int round = 0; round < 2; ++round) {
-      const std::string runDir =
-          (fs::temp_directory_path() / ("ptrain-bench-" + s.name + "-" + std::to_string(getpid()))).string();
-      std::ostringstream cmd;
-      cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc 1 --run-dir " << runDir
-          << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
-          << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
-          << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " 2>&1";
-      capture(cmd.str());
-      std::vector<double> stepTimes;
-      std::ifstream metrics(runDir + "/metrics.jsonl");
-      std::string line;
-      while (std::getline(metrics, line)) {
-        auto j = nlohmann::json::parse(line);
-        if (!j.contains("step_time_s")) continue;
-        if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
-        rss = std::max(rss, j["peak_rss_mb"].get<double>());
-      }
-      fs::remove_all(runDir);
-      ptrainStep = std::min(ptrainStep, median(stepTimes));
+      PtrainRun run = runPtrain(binary, source, s, warmup, 1);
+      rss = std::max(rss, run.rss_mb);
+      ptrainStep = std::min(ptrainStep, run.step_s);
 
       std::ostringstream py;
       py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
@@ -146,31 +166,12 @@ int main(int argc, char** argv) {
     std::printf("%-4s %8s %10s %16s %16s %8s\n", "tp", "step s", "tok/s", "measured B/step", "analytic B/step",
                 "layers");
     for (int tp : {1, 2}) {
-      const std::string runDir =
-          (fs::temp_directory_path() / ("ptrain-bench-tp" + std::to_string(tp) + "-" + std::to_string(getpid()))).string();
-      std::ostringstream cmd;
-      cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << tp
-          << " --run-dir " << runDir << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
-          << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
-          << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup
-          << " parallel.tensor_model_parallel_size=" << tp << " 2>&1";
-      capture(cmd.str());
-      std::vector<double> stepTimes;
-      double bytes = 0;
-      std::ifstream metrics(runDir + "/metrics.jsonl");
-      std::string line;
-      while (std::getline(metrics, line)) {
-        auto j = nlohmann::json::parse(line);
-        if (!j.contains("step_time_s")) continue;
-        if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
-        if (j.contains("tp_comm_bytes")) bytes = j["tp_comm_bytes"].get<double>();
-      }
-      fs::remove_all(runDir);
+      PtrainRun run = runPtrain(binary, source, s, warmup, tp);
       const double bsh = static_cast<double>(s.batch) * s.seq * s.hidden;
       const double layerBytes = tp > 1 ? 4.0 * 4.0 * s.layers * bsh : 0;  // one micro-batch
       const double analytic = tp > 1 ? 4.0 * ((4.0 * s.layers + 2.0) * bsh + 3.0 * s.batch * s.seq) : 0;
-      const double step = median(stepTimes);
-      std::printf("%-4d %8.3f %10.0f %16.0f %16.0f %8.0f\n", tp, step, s.batch * s.seq / step, bytes, analytic,
+      const double step = run.step_s;
+      std::printf("%-4d %8.3f %10.0f %16.0f %16.0f %8.0f\n", tp, step, s.batch * s.seq / step, run.tp_bytes, analytic,
                   layerBytes);
     }
     std::printf("(analytic: 4 bytes x ((4L+2) b s h + 3 b s); 'layers' is the 4 all-reduces of b s h per layer alone)\n");
