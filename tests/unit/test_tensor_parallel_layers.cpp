@@ -557,11 +557,11 @@ TEST_P(TpSizes, ApplyTensorParallelListsPartialGradientsUnderSequenceParallelism
 }
 
 TEST(ApplyTensorParallel, RefusesModelsWithoutSupportAndIndivisibleSizes) {
-  auto fake = std::make_shared<TensorParallelState>();
-  fake->size = 3;  // no communication happens before the checks
+  auto unconnected = std::make_shared<TensorParallelState>();
+  unconnected->size = 3;  // no communication happens before the checks
   ToyModel plain(false);
   try {
-    nn::applyTensorParallel(plain, fake);
+    nn::applyTensorParallel(plain, unconnected);
     FAIL() << "expected ConfigError";
   } catch (const ptrain::ConfigError& e) {
     EXPECT_STREQ(e.what(),
@@ -569,7 +569,7 @@ TEST(ApplyTensorParallel, RefusesModelsWithoutSupportAndIndivisibleSizes) {
   }
   ToyModel toy(true);
   try {
-    nn::applyTensorParallel(toy, fake);
+    nn::applyTensorParallel(toy, unconnected);
     FAIL() << "expected ConfigError";
   } catch (const ptrain::ConfigError& e) {
     EXPECT_STREQ(e.what(),
