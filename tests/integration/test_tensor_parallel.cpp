@@ -46,15 +46,12 @@ struct StepLine {
 
 std::map<int, StepLine> readSteps(const std::string& runDir) {
   std::map<int, StepLine> out;
-  std::istringstream in(ptrain::test::readFile(runDir + "/metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (!j.contains("loss")) continue;
-    StepLine s;
-    s.loss = j["loss"].get<double>();
-    if (j.contains("tp_comm_bytes")) s.tp_comm_bytes = j["tp_comm_bytes"].get<double>();
-    out[j["step"].get<int>()] = s;
+  for (const auto& [step, text] : ptrain::test::readTrainingSteps(runDir)) {
+    auto j = nlohmann::json::parse(text);
+    StepLine line;
+    line.loss = j["loss"].get<double>();
+    if (j.contains("tp_comm_bytes")) line.tp_comm_bytes = j["tp_comm_bytes"].get<double>();
+    out[step] = line;
   }
   return out;
 }

@@ -38,15 +38,9 @@ struct StepRecord {
 // step -> the last training line for that step in metrics.jsonl.
 std::map<int, StepRecord> readLosses(const std::string& runDir) {
   std::map<int, StepRecord> out;
-  std::istringstream in(ptrain::test::readFile(runDir + "/metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (!j.contains("loss")) continue;
-    StepRecord r;
-    r.loss = j["loss"].get<double>();
-    r.loss_text = j["loss"].dump();
-    out[j["step"].get<int>()] = r;
+  for (const auto& [step, text] : ptrain::test::readTrainingSteps(runDir)) {
+    auto j = nlohmann::json::parse(text);
+    out[step] = StepRecord{j["loss"].get<double>(), j["loss"].dump()};
   }
   return out;
 }

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -175,6 +176,17 @@ std::string runRanks(int worldSize, const std::function<void(int, int, int)>& bo
     if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return failures.str();
+}
+
+std::map<int, std::string> readTrainingSteps(const std::string& runDir) {
+  std::map<int, std::string> out;
+  std::istringstream in(readFile(runDir + "/metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int>()] = line;
+  }
+  return out;
 }
 
 std::string readFile(const std::string& path) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ int freePort();
 // Children report gtest failures through their exit code.
 std::string runRanks(int worldSize, const std::function<void(int rank, int worldSize, int port)>& body,
                      double timeoutSeconds = 120);
+
+// The training lines of RUN_DIR/metrics.jsonl (those with a "loss"), by step;
+// a step written twice (a resumed run appends) keeps its last line. Each
+// value is the JSON object as text, so callers can compare numbers bitwise.
+std::map<int, std::string> readTrainingSteps(const std::string& runDir);
 
 // Reads a whole file; "" when it does not exist.
 std::string readFile(const std::string& path);
