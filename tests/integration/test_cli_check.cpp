@@ -92,13 +92,16 @@ TEST(CliCheck, QuickstartRecipeIsValid) {
 }
 
 TEST(CliCheck, ExampleRecipeExtendsTheQuickstart) {
-  test::ProcessResult r = runPtrain({"check", test::sourceDir() + "/configs/examples/gpt_tp2_pp2.yaml"}, {}, 60);
+  test::ProcessResult r = runPtrain({"check", test::sourceDir() + "/configs/llm/gpt_tp2_pp2_dp2.yaml"}, {}, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   auto out = lines(r.output);
   ASSERT_GE(out.size(), 3u) << r.output;
   // 8 ranks / (tp 2 * pp 2) = dp 2; 64 / (8 * 2) = 4 micro-batches.
   EXPECT_EQ(out[1], "layout: world=8 tp=2 pp=2 dp=2 cp=1 ep=1 etp=1 edp=4");
   EXPECT_EQ(out[2], "batch: global=64 micro=8 micro-batches per step=4");
+  ASSERT_GE(out.size(), 5u) << r.output;
+  EXPECT_EQ(out[4], "pipeline: 1f1b, blocks per stage [1, 1], bubble (pp-1)/m = 0.25, at most 2 micro-batches "
+                    "alive per stage");
 }
 
 TEST(CliCheck, WarningsGoToStderrAndStillPass) {

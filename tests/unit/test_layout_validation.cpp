@@ -48,7 +48,7 @@ TEST(LayoutValidation, FittingLayoutsPass) {
   // An uneven split is fine when pipeline_layout says so.
   EXPECT_EQ(check({"parallel.pipeline_model_parallel_size=3", "parallel.pipeline_layout=[2,3,3]"}, 3), Lines{});
   EXPECT_EQ(check({"parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2",
-                   "parallel.pipeline_schedule=interleaved"},
+                   "parallel.pipeline_schedule=interleaved", "train.micro_batch_size=8"},
                   2),
             Lines{});
 }
@@ -83,7 +83,7 @@ TEST(LayoutValidation, PipelineMustDivideLayers) {
 
 TEST(LayoutValidation, VirtualPipelineMultipliesTheStages) {
   EXPECT_EQ(check({"parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=3",
-                   "parallel.pipeline_schedule=interleaved"},
+                   "parallel.pipeline_schedule=interleaved", "train.micro_batch_size=8"},
                   2),
             Lines{"<command line>: pipeline_model_parallel_size*virtual_pipeline_model_parallel_size=6 does not "
                   "divide num_layers=8: use sizes whose product is 1, 2, 4 or 8, or give parallel.pipeline_layout"});
@@ -96,7 +96,7 @@ TEST(LayoutValidation, PipelineLayoutEntriesAndSum) {
             Lines{"<command line>: pipeline_layout has 1 entry but pipeline_model_parallel_size=2: give 2 entries, "
                   "one per stage"});
   EXPECT_EQ(check({"parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2",
-                   "parallel.pipeline_schedule=interleaved", "parallel.pipeline_layout=[2,2,4]"},
+                   "parallel.pipeline_schedule=interleaved", "parallel.pipeline_layout=[2,2,4]", "train.micro_batch_size=8"},
                   2),
             Lines{"<command line>: pipeline_layout has 3 entries but "
                   "pipeline_model_parallel_size*virtual_pipeline_model_parallel_size=4: give 4 entries, one per "
@@ -117,6 +117,26 @@ TEST(LayoutValidation, ScheduleMustMatchVirtualPipeline) {
   EXPECT_EQ(check({"parallel.virtual_pipeline_model_parallel_size=2", "parallel.pipeline_schedule=interleaved"}, 1),
             Lines{"<command line>: virtual_pipeline_model_parallel_size=2 needs pipeline_model_parallel_size > 1: "
                   "set pipeline_model_parallel_size to 2 or more, or virtual_pipeline_model_parallel_size to 1"});
+}
+
+TEST(LayoutValidation, InterleavedNeedsMicroBatchesInGroupsOfPipelineSize) {
+  const std::vector<std::string> interleaved{"parallel.pipeline_model_parallel_size=2",
+                                             "parallel.virtual_pipeline_model_parallel_size=2",
+                                             "parallel.pipeline_schedule=interleaved"};
+  auto with = [&](const std::string& extra) {
+    auto o = interleaved;
+    o.push_back(extra);
+    return o;
+  };
+  // 48 / 8 = 6 micro-batches: a multiple of 2.
+  EXPECT_EQ(check(with("train.micro_batch_size=8"), 2), Lines{});
+  // 48 / 16 = 3 micro-batches.
+  EXPECT_EQ(check(with("train.micro_batch_size=16"), 2),
+            Lines{"<command line>: the interleaved schedule needs the micro-batches per step (3 = global_batch_size / "
+                  "(micro_batch_size*dp)) to be a multiple of pipeline_model_parallel_size=2: use global_batch_size "
+                  "32 or 64, or pipeline_schedule 1f1b"});
+  // 1F1B has no such rule.
+  EXPECT_EQ(check({"parallel.pipeline_model_parallel_size=2", "train.micro_batch_size=16"}, 2), Lines{});
 }
 
 TEST(LayoutValidation, TensorParallelMustDivideHeadsAndFfn) {
@@ -221,8 +241,9 @@ TEST(LayoutValidation, Warnings) {
                   "is ignored"});
   // pp=4, dp=1, micro = 48: one micro-batch for four stages.
   EXPECT_EQ(layoutWarnings(recipe({"parallel.pipeline_model_parallel_size=4"}), 4),
-            Lines{"r.yaml:3:19: only 1 micro-batch per step for pipeline_model_parallel_size=4, so stages sit idle: "
-                  "make global_batch_size / (micro_batch_size*dp) at least 4"});
+            Lines{"r.yaml:3:19: only 1 micro-batch per step for pipeline_model_parallel_size=4, so the pipeline cannot "
+                  "fill: stages sit idle 75% of each step (bubble (pp-1)/m = 3 of the compute time); make "
+                  "global_batch_size / (micro_batch_size*dp) at least 4"});
   EXPECT_EQ(layoutWarnings(recipe({"parallel.pipeline_model_parallel_size=4", "train.micro_batch_size=12"}), 4),
             Lines{});
 }

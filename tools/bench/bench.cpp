@@ -8,6 +8,9 @@
 // Both use every core of the machine for intra-op threads. Achieved GFLOP/s
 // count 6 x params x tokens plus attention (12 x layers x hidden x seq per
 // token), and are compared with this machine's fp32 matmul peak measured here.
+// Then the large model at tp=2 beside tp=1, and the measured pipeline bubble
+// at pp=2 and pp=4 beside its formula. `ptrain_bench [eager|tensor|pipeline]`
+// runs only the sections named.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,39 +57,49 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// One `ptrain run` of the bench recipe at size `s` with `tp`-way tensor
-// parallelism on `tp` processes: median step time after the warm-up steps,
-// peak RSS, and the tensor plugin's bytes per step.
+// One `ptrain run` of the bench recipe at size `s` on `nproc` processes with
+// extra overrides (the parallel layout): median step time after the warm-up
+// steps, peak RSS, the tensor plugin's bytes per step and the pipeline
+// plugin's median measured bubble with its formula.
 struct PtrainRun {
   double step_s = 0;
   double rss_mb = 0;
   double tp_bytes = 0;
+  double pp_bubble = 0;
+  double pp_bubble_formula = 0;
+  int pp_inflight = 0;
 };
 
-PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int tp) {
-  const std::string runDir = (fs::temp_directory_path() /
-                              ("ptrain-bench-" + s.name + "-tp" + std::to_string(tp) + "-" + std::to_string(getpid())))
-                                 .string();
+PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int nproc,
+                    const std::string& overrides = "") {
+  const std::string runDir =
+      (fs::temp_directory_path() / ("ptrain-bench-" + s.name + "-" + std::to_string(getpid()))).string();
+  fs::remove_all(runDir);
   std::ostringstream cmd;
-  cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << tp << " --run-dir "
-      << runDir << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
+  cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << nproc << " --run-dir "
+      << runDir << " launch.nproc=" << nproc << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
       << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
-      << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup
-      << " parallel.tensor_model_parallel_size=" << tp << " 2>&1";
+      << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
   capture(cmd.str());
   PtrainRun run;
-  std::vector<double> stepTimes;
+  std::vector<double> stepTimes, bubbles;
   std::ifstream metrics(runDir + "/metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
     if (!j.contains("step_time_s")) continue;
-    if (j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+    if (j["step"].get<int>() > warmup) {
+      stepTimes.push_back(j["step_time_s"].get<double>());
+      if (j.contains("pp_bubble")) bubbles.push_back(j["pp_bubble"].get<double>());
+    }
     run.rss_mb = std::max(run.rss_mb, j["peak_rss_mb"].get<double>());
     if (j.contains("tp_comm_bytes")) run.tp_bytes = j["tp_comm_bytes"].get<double>();
+    if (j.contains("pp_bubble_formula")) run.pp_bubble_formula = j["pp_bubble_formula"].get<double>();
+    if (j.contains("pp_inflight_max")) run.pp_inflight = std::max(run.pp_inflight, j["pp_inflight_max"].get<int>());
   }
   fs::remove_all(runDir);
   run.step_s = median(stepTimes);
+  run.pp_bubble = median(bubbles);
   return run;
 }
 
@@ -116,12 +129,26 @@ int main(int argc, char** argv) {
   const std::vector<GptSize> sizes{{"small", 4, 256, 4, 64, 32, 12}, {"large", 8, 1024, 16, 128, 8, 6}};
   const int warmup = 2;
 
+  // Sections to run: eager, tensor, pipeline (default: all), e.g.
+  // `build/bin/ptrain_bench pipeline`.
+  std::vector<std::string> only(argv + 1, argv + argc);
+  for (const auto& name : only) {
+    if (name != "eager" && name != "tensor" && name != "pipeline") {
+      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor or pipeline (default: all)\n",
+                   name.c_str());
+      return 2;
+    }
+  }
+  auto runs = [&](const char* section) { return only.empty() || std::find(only.begin(), only.end(), section) != only.end(); };
+
   const double peak = matmulPeak(threads);
   std::printf("fp32 matmul peak (1024^3, %d threads): %.1f GFLOP/s\n\n", threads, peak);
-  std::printf("%-6s %8s %7s | %-44s | %-44s | %s\n", "model", "params", "tokens", "ptrain: step s, tok/s, GFLOP/s, %peak, RSS MB",
+  if (runs("eager"))
+    std::printf("%-6s %8s %7s | %-44s | %-44s | %s\n", "model", "params", "tokens", "ptrain: step s, tok/s, GFLOP/s, %peak, RSS MB",
               "eager:  step s, tok/s, GFLOP/s, %peak, RSS MB", "ptrain/eager");
 
   for (const auto& s : sizes) {
+    if (!runs("eager")) break;
     // ptrain and eager alternate, twice each, and each keeps its best median:
     // background load then hits both sides alike.
     double ptrainStep = 1e30, eagerStep = 1e30, rss = 0;
@@ -160,13 +187,14 @@ int main(int argc, char** argv) {
   // analytic count. Per layer and micro-batch Megatron's tensor parallelism
   // all-reduces b*s*h elements 4 times (2 forward, 2 backward); the embedding
   // adds 2 more and the vocab-parallel loss 3 reductions of b*s (fp32).
-  {
+  if (runs("tensor")) {
     const GptSize& s = sizes.back();
     std::printf("\ntensor parallel, %s model (same global batch %d):\n", s.name.c_str(), s.batch);
     std::printf("%-4s %8s %10s %16s %16s %8s\n", "tp", "step s", "tok/s", "measured B/step", "analytic B/step",
                 "layers");
     for (int tp : {1, 2}) {
-      PtrainRun run = runPtrain(binary, source, s, warmup, tp);
+      PtrainRun run =
+          runPtrain(binary, source, s, warmup, tp, "parallel.tensor_model_parallel_size=" + std::to_string(tp));
       const double bsh = static_cast<double>(s.batch) * s.seq * s.hidden;
       const double layerBytes = tp > 1 ? 4.0 * 4.0 * s.layers * bsh : 0;  // one micro-batch
       const double analytic = tp > 1 ? 4.0 * ((4.0 * s.layers + 2.0) * bsh + 3.0 * s.batch * s.seq) : 0;
@@ -175,6 +203,37 @@ int main(int argc, char** argv) {
                   layerBytes);
     }
     std::printf("(analytic: 4 bytes x ((4L+2) b s h + 3 b s); 'layers' is the 4 all-reduces of b s h per layer alone)\n");
+  }
+
+  // Pipeline parallelism: the small model (8 layers, so pp=4 x vpp=2 gets
+  // one block per chunk) cut into pp stages, m micro-batches per step. The
+  // measured bubble is the mean over stages of idle / busy time (idle:
+  // blocked on a receive or an unfinished send), beside its formula.
+  if (runs("pipeline")) {
+    GptSize s = sizes.front();
+    s.layers = 8;
+    std::printf("\npipeline parallel, %d-layer %s model (global batch %d, one process per stage):\n", s.layers,
+                s.name.c_str(), s.batch);
+    std::printf("%-3s %-12s %3s %8s %10s %9s %9s %9s\n", "pp", "schedule", "m", "step s", "tok/s", "bubble", "formula",
+                "in flight");
+    struct Row {
+      int pp;
+      std::string schedule;
+      int vpp, micro;
+    };
+    for (const Row& row : {Row{1, "1f1b", 1, 8}, Row{2, "1f1b", 1, 8}, Row{2, "1f1b", 1, 4}, Row{2, "gpipe", 1, 8},
+                           Row{2, "interleaved", 2, 8}, Row{4, "1f1b", 1, 8}, Row{4, "1f1b", 1, 4},
+                           Row{4, "interleaved", 2, 8}}) {
+      std::ostringstream o;
+      o << "parallel.pipeline_model_parallel_size=" << row.pp << " parallel.pipeline_schedule=" << row.schedule
+        << " parallel.virtual_pipeline_model_parallel_size=" << row.vpp
+        << " train.micro_batch_size=" << s.batch / row.micro;
+      PtrainRun run = runPtrain(binary, source, s, warmup, row.pp, o.str());
+      std::printf("%-3d %-12s %3d %8.3f %10.0f %9.3f %9.3f %9d\n", row.pp, row.schedule.c_str(), row.micro, run.step_s,
+                  s.batch * s.seq / run.step_s, run.pp_bubble, run.pp_bubble_formula, run.pp_inflight);
+    }
+    std::printf("(bubble: idle / busy time per stage, mean over stages; formula (pp-1)/m, interleaved (pp-1)/(vpp m);\n"
+                " in flight: most micro-batches (chunks x micro-batches when interleaved) with live activations on a stage)\n");
   }
   return 0;
 }

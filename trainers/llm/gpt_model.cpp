@@ -180,6 +180,11 @@ std::vector<std::string> GptModel::embedPrefixes() const { return {"embed."}; }
 
 std::vector<std::string> GptModel::headPrefixes() const { return {"head."}; }
 
+std::vector<std::string> GptModel::headSharedParameters() const {
+  if (!config_.tie_embeddings) return {};
+  return {"embed.tokens.weight"};
+}
+
 const at::Tensor& GptModel::causalMask(int64_t length, const at::Tensor& like) {
   PTRAIN_CHECK(length <= config_.seq_length, "gpt: input of length ", length, " exceeds model.seq_length=",
                config_.seq_length);
@@ -258,9 +263,8 @@ void GptModel::setTensorParallel(TensorParallelStatePtr state) {
 at::Tensor GptModel::logits(const at::Tensor& tokens) {
   Batch b;
   b.tensors.emplace("tokens", tokens);
-  at::Tensor hidden = embed(b);
-  for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
-  return root_->head(hidden);
+  at::Tensor hidden = forwardHidden(b);
+  return holdsHead() ? root_->head(hidden) : at::Tensor();
 }
 
 std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
@@ -304,19 +308,23 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
 
     Batch b;
     b.tensors.emplace("tokens", input);
-    at::Tensor hidden = embed(b);
-    for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
-    // Causality makes the padding after a shorter row's end irrelevant to its
-    // last position; read each row's logits there. The head runs on the whole
-    // width, as in training, so sequence and vocabulary splits work unchanged.
-    std::vector<int64_t> lastPos;
-    lastPos.reserve(rowsNow.size());
-    for (int64_t r : rowsNow) lastPos.push_back(length[static_cast<size_t>(r)] - 1);
-    at::Tensor pos = torch::tensor(lastPos, torch::kInt64).to(device);
-    at::Tensor rowIdx = torch::arange(static_cast<int64_t>(rowsNow.size()), torch::TensorOptions(torch::kInt64).device(device));
-    at::Tensor last = root_->head(hidden).index({rowIdx, pos});  // [rows, V (/ tp)]
-    at::Tensor next =
-        nn::vocabParallelArgmax(last, config_.validVocab(), tp_.get()).to(torch::kCPU, torch::kInt64).contiguous();
+    at::Tensor hidden = forwardHidden(b);
+    at::Tensor next = torch::empty({static_cast<int64_t>(rowsNow.size())}, torch::kInt64);
+    if (holdsHead()) {
+      // Causality makes the padding after a shorter row's end irrelevant to its
+      // last position; read each row's logits there. The head runs on the whole
+      // width, as in training, so sequence and vocabulary splits work unchanged.
+      std::vector<int64_t> lastPos;
+      lastPos.reserve(rowsNow.size());
+      for (int64_t r : rowsNow) lastPos.push_back(length[static_cast<size_t>(r)] - 1);
+      at::Tensor pos = torch::tensor(lastPos, torch::kInt64).to(device);
+      at::Tensor rowIdx =
+          torch::arange(static_cast<int64_t>(rowsNow.size()), torch::TensorOptions(torch::kInt64).device(device));
+      at::Tensor last = root_->head(hidden).index({rowIdx, pos});  // [rows, V (/ tp)]
+      next = nn::vocabParallelArgmax(last, config_.validVocab(), tp_.get()).to(torch::kCPU, torch::kInt64).contiguous();
+    }
+    // Pipeline stages without the head take the tokens the last stage picked.
+    shareFromHead(next);
     const int64_t* nextPtr = next.data_ptr<int64_t>();
 
     int64_t* buf = buffer.data_ptr<int64_t>();

@@ -195,6 +195,8 @@ class GptModel : public StagedModel {
   std::string blockPrefix(int index) const override;
   std::vector<std::string> embedPrefixes() const override;
   std::vector<std::string> headPrefixes() const override;
+  // embed.tokens.weight when the embeddings are tied.
+  std::vector<std::string> headSharedParameters() const override;
 
   // micro["tokens"] [B, T] int64, T <= seq_length -> hidden [B, T, h].
   at::Tensor embed(const Batch& micro) override;
@@ -211,7 +213,9 @@ class GptModel : public StagedModel {
   void setTensorParallel(TensorParallelStatePtr state) override;
 
   // tokens [B, T] -> logits [B, T, paddedVocab()] through the whole model (this rank's
-  // vocabulary slice under tensor parallelism).
+  // vocabulary slice under tensor parallelism). Under pipeline parallelism
+  // every stage must call it; only the last stage gets the logits (the
+  // others an undefined tensor).
   at::Tensor logits(const at::Tensor& tokens);
 
   // Greedy decoding of many prompts at once (prompts may differ in length).
@@ -222,7 +226,9 @@ class GptModel : public StagedModel {
   // decoding). Each step recomputes the whole prefix: at the sequence lengths
   // used here (16-40) that costs less than maintaining a KV cache. Under
   // tensor parallelism every rank of the group must call it with the same
-  // prompts (the argmax is taken across the group).
+  // prompts (the argmax is taken across the group); under pipeline
+  // parallelism every stage must (the last stage picks the tokens and shares
+  // them).
   std::vector<std::vector<int64_t>> greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
                                                  int64_t maxNew, int64_t stopId, int64_t padId = 0);
 

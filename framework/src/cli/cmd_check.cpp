@@ -1,5 +1,6 @@
 // ptrain check: load a recipe, validate it against the schema and its parallel
 // layout against a world size, without starting any worker.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/layout/validation.h"
+#include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
@@ -60,6 +62,30 @@ int report(const std::vector<std::string>& problems) {
   return 2;
 }
 
+// "pipeline: 1f1b, blocks per stage [1, 1], bubble (pp-1)/m = 0.25, at most
+// 2 micro-batches alive per stage" for a layout `checkLayout` accepted.
+void printPipeline(const Recipe& recipe, const LayoutPlan& plan) {
+  const LayoutSizes& s = plan.sizes;
+  const int stages = s.pp * s.vpp;
+  std::vector<int64_t> blocks;
+  if (recipe.has("parallel.pipeline_layout")) {
+    blocks = recipe.getIntList("parallel.pipeline_layout");
+  } else if (recipe.has("model.num_layers")) {
+    blocks.assign(static_cast<size_t>(stages), recipe.getInt("model.num_layers") / stages);
+  }
+  std::string perStage;
+  for (size_t i = 0; i < blocks.size(); ++i) perStage += (i ? ", " : "") + std::to_string(blocks[i]);
+  const auto kind = pipeline::scheduleFromName(recipe.getString("parallel.pipeline_schedule"));
+  const int m = static_cast<int>(plan.micro_batches);
+  int alive = 0;
+  for (int r = 0; r < s.pp; ++r) alive = std::max(alive, pipeline::maxInFlight(pipeline::buildSchedule(kind, s.pp, s.vpp, m, r)));
+  std::printf("pipeline: %s, blocks per %sstage [%s], bubble %s = %.3g, at most %d %s alive per stage\n",
+              pipeline::toString(kind), s.vpp > 1 ? "virtual " : "", perStage.c_str(),
+              kind == pipeline::ScheduleKind::kInterleaved ? "(pp-1)/(vpp*m)" : "(pp-1)/m",
+              pipeline::bubbleFormula(kind, s.pp, s.vpp, m), alive,
+              s.vpp > 1 ? "chunk micro-batches" : (alive == 1 ? "micro-batch" : "micro-batches"));
+}
+
 }  // namespace
 
 int cmdCheck(const CheckArgs& args) {
@@ -103,6 +129,7 @@ int cmdCheck(const CheckArgs& args) {
   } else {
     std::printf("trainer: %s (its own keys were not checked: %s)\n", trainer.c_str(), whyNot.c_str());
   }
+  if (s.pp > 1) printPipeline(recipe, plan);
   return 0;
 }
 

@@ -36,7 +36,7 @@ Communicator::Communicator(const RankEnv& env, ParallelLayout layout, PluginRegi
   // Every rank creates its groups in the same order, so members of one group
   // always rendezvous together.
   for (GroupKind kind : {GroupKind::kTensor, GroupKind::kContext, GroupKind::kData, GroupKind::kPipeline,
-                         GroupKind::kExpert, GroupKind::kExpertTensor, GroupKind::kExpertData}) {
+                         GroupKind::kModel, GroupKind::kExpert, GroupKind::kExpertTensor, GroupKind::kExpertData}) {
     auto ranks = layout_.groupOf(kind, env.rank);
     groups_[kind] = ranks.size() == all.size() ? world_ : make(ParallelLayout::groupName(kind, ranks), ranks);
   }

@@ -1,5 +1,6 @@
 #include "engine/checkpointer.h"
 
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -80,11 +81,60 @@ std::vector<std::pair<std::string, at::Tensor>> unshardAll(
   return out;
 }
 
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Every stage's named tensors on stage 0 (in stage order); other stages get
+// back what they passed. Each stage sends a description (names, dtypes,
+// shapes as JSON) and then the tensors, point to point.
+NamedTensors gatherToFirstStage(NamedTensors mine, ProcessGroup& group) {
+  if (group.size() == 1) return mine;
+  if (group.rank() != 0) {
+    nlohmann::json description = nlohmann::json::array();
+    for (const auto& [name, t] : mine) {
+      description.push_back({{"name", name}, {"dtype", static_cast<int>(t.scalar_type())}, {"shape", t.sizes().vec()}});
+    }
+    const std::string text = description.dump();
+    at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+    at::Tensor bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+    std::vector<std::shared_ptr<Work>> sends{group.send(length, 0), group.send(bytes, 0)};
+    std::vector<at::Tensor> payloads;
+    for (const auto& [name, t] : mine) {
+      payloads.push_back(t.detach().contiguous());
+      sends.push_back(group.send(payloads.back(), 0));
+    }
+    for (auto& w : sends) w->wait();
+    return mine;
+  }
+  NamedTensors all = std::move(mine);
+  for (int stage = 1; stage < group.size(); ++stage) {
+    at::Tensor length = torch::empty({1}, torch::kInt64);
+    group.recv(length, stage)->wait();
+    at::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kUInt8);
+    group.recv(bytes, stage)->wait();
+    auto description = nlohmann::json::parse(
+        std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel())));
+    for (const auto& entry : description) {
+      at::Tensor t = torch::empty(entry.at("shape").get<std::vector<int64_t>>(),
+                                  torch::TensorOptions().dtype(static_cast<at::ScalarType>(entry.at("dtype").get<int>())));
+      group.recv(t, stage)->wait();
+      all.emplace_back(entry.at("name").get<std::string>(), t);
+    }
+  }
+  return all;
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(std::string runDir, const Recipe& recipe, std::string layout,
-                           std::shared_ptr<ProcessGroup> tensorGroup)
-    : runDir_(std::move(runDir)), recipe_(recipe), layout_(std::move(layout)), tensorGroup_(std::move(tensorGroup)) {}
+                           std::shared_ptr<ProcessGroup> tensorGroup, std::shared_ptr<ProcessGroup> pipelineGroup,
+                           bool inWriterPipeline)
+    : runDir_(std::move(runDir)),
+      recipe_(recipe),
+      layout_(std::move(layout)),
+      tensorGroup_(std::move(tensorGroup)),
+      pipelineGroup_(std::move(pipelineGroup)),
+      inWriterPipeline_(inWriterPipeline) {}
 
 void Checkpointer::save(int64_t step, StagedModel& model, const Optimizer& optimizer, bool writer,
                         ProcessGroup& world) {
@@ -95,8 +145,19 @@ void Checkpointer::save(int64_t step, StagedModel& model, const Optimizer& optim
   };
   // Optimizer moments are named "<moment>.<parameter>" and sharded like it.
   auto stateSpec = [&](const std::string& name) { return paramSpec(name.substr(name.find('.') + 1)); };
-  auto params = unshardAll(model.module().named_parameters().pairs(), paramSpec, *tensorGroup_);
-  auto moments = unshardAll(optimizer.state(), stateSpec, *tensorGroup_);
+  // This stage's own tensors: not another stage's, nor a copy of one.
+  auto owned = [&](const std::string& name) { return model.mirrored_parameters.count(name) == 0; };
+  NamedTensors localParams, localMoments;
+  for (auto& item : model.localParameters())
+    if (owned(item.first)) localParams.push_back(std::move(item));
+  for (auto& item : optimizer.state())
+    if (owned(item.first.substr(item.first.find('.') + 1))) localMoments.push_back(std::move(item));
+  auto params = unshardAll(localParams, paramSpec, *tensorGroup_);
+  auto moments = unshardAll(localMoments, stateSpec, *tensorGroup_);
+  if (inWriterPipeline_) {
+    params = gatherToFirstStage(std::move(params), *pipelineGroup_);
+    moments = gatherToFirstStage(std::move(moments), *pipelineGroup_);
+  }
   if (writer) {
     nlohmann::json shapes = nlohmann::json::object();
     for (const auto& [name, t] : params) shapes[name] = t.sizes().vec();
@@ -139,6 +200,7 @@ int64_t Checkpointer::restoreLatest(StagedModel& model, Optimizer& optimizer) {
                                          named.size(), ": the checkpoint is from another model"));
   }
   for (auto& item : named) {
+    if (model.remote_parameters.count(item.key()) > 0) continue;  // another pipeline stage's
     auto it = weights.tensors.find(item.key());
     if (it == weights.tensors.end()) {
       throw CheckpointError(detail::concat(dir, ": no parameter '", item.key(),

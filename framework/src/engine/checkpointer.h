@@ -1,7 +1,8 @@
 // Saves and restores training state under RUN_DIR/checkpoints/step_N/:
 // model.safetensors (unsharded parameters by name), optimizer.safetensors
 // (AdamW moments), meta.json (step, RNG state, data position, recipe, layout,
-// parameter shapes). Written atomically by rank 0.
+// parameter shapes). Written atomically by rank 0, after every tensor-parallel
+// shard is gathered and every pipeline stage has sent its tensors to it.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,13 @@ class StagedModel;
 class Checkpointer {
  public:
   // `tensorGroup`: the group sharded parameters are gathered over (and
-  // resharded for) — checkpoints always hold full tensors.
+  // resharded for); `pipelineGroup`: the stages whose parameters are brought
+  // to the writer (stage 0) when `inWriterPipeline` (this rank's pipeline
+  // holds the writer). Checkpoints always hold full tensors of the whole
+  // model, so they load into any layout.
   Checkpointer(std::string runDir, const Recipe& recipe, std::string layout,
-               std::shared_ptr<ProcessGroup> tensorGroup);
+               std::shared_ptr<ProcessGroup> tensorGroup, std::shared_ptr<ProcessGroup> pipelineGroup,
+               bool inWriterPipeline);
 
   // Collective over `world`: every rank gathers its shards, `writer` writes,
   // everyone waits until it is done.
@@ -37,6 +42,8 @@ class Checkpointer {
   const Recipe& recipe_;
   std::string layout_;
   std::shared_ptr<ProcessGroup> tensorGroup_;
+  std::shared_ptr<ProcessGroup> pipelineGroup_;
+  bool inWriterPipeline_ = true;
 };
 
 }  // namespace ptrain

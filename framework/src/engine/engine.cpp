@@ -1,6 +1,5 @@
 #include "ptrain/engine/engine.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +13,7 @@
 #include "engine/progress.h"
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/core/resources.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/trainer.h"
@@ -27,12 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
-
-double peakRssMb() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
-}
 
 // The parallel plugins a layout needs, in the order they are applied.
 std::vector<std::string> parallelPluginsFor(const ParallelLayout& layout) {
@@ -85,19 +79,26 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
     parallel.back()->apply(*model, comm);
   }
 
-  Optimizer optimizer(model->module().named_parameters().pairs(), OptimizerOptions::fromRecipe(recipe));
+  Optimizer optimizer(model->localParameters(), OptimizerOptions::fromRecipe(recipe));
   auto tpGroup = comm.group(GroupKind::kTensor);
-  Checkpointer checkpointer(options.run_dir, recipe, layout.describe(), tpGroup);
+  auto ppGroup = comm.group(GroupKind::kPipeline);
+  // The writer's pipeline (tensor rank 0, data rank 0) brings every stage's
+  // tensors to rank 0.
+  const bool inWriterPipeline = tpGroup->rank() == 0 && dpRank == 0;
+  Checkpointer checkpointer(options.run_dir, recipe, layout.describe(), tpGroup, ppGroup, inWriterPipeline);
 
-  // Gradient norm: shards are summed over the tensor-parallel group, and a
-  // parameter replicated on every tensor-parallel rank is counted by its
-  // first rank only.
+  // Gradient norm: shards are summed over the model-parallel group (tensor x
+  // pipeline); a parameter replicated on every tensor-parallel rank is counted
+  // by its first rank only, and a pipeline copy (a tied embedding on the last
+  // stage) by its owner only.
   std::vector<bool> countedInNorm;
   for (const auto& name : optimizer.parameterNames()) {
-    countedInNorm.push_back(model->shard_specs.count(name) > 0 || tpGroup->rank() == 0);
+    countedInNorm.push_back((model->shard_specs.count(name) > 0 || tpGroup->rank() == 0) &&
+                            model->mirrored_parameters.count(name) == 0);
   }
+  auto modelGroup = comm.group(GroupKind::kModel);
   std::function<void(at::Tensor&)> sumNormSquares;
-  if (tpGroup->size() > 1) sumNormSquares = [&](at::Tensor& t) { tpGroup->allreduce(t)->wait(); };
+  if (modelGroup->size() > 1) sumNormSquares = [&](at::Tensor& t) { modelGroup->allreduce(t)->wait(); };
 
   const int64_t steps = recipe.getInt("train.steps");
   const int64_t globalBatch = recipe.getInt("train.global_batch_size");
@@ -138,13 +139,39 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
     const double globalCount = trainer.lossCount(batch);
     Batch local = batch.slice(dpRank * localBatch, (dpRank + 1) * localBatch);
 
+    std::vector<Batch> micros;
+    for (int m = 0; m < numMicro; ++m) micros.push_back(local.slice(m * micro, (m + 1) * micro));
+    // Under pipeline parallelism every stage draws its own dropout masks, from
+    // a stream fixed by the seed, the step and the stage (so a resumed run
+    // draws the same ones).
+    if (ppGroup->size() > 1) {
+      torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(step) * 1009ULL +
+                         static_cast<uint64_t>(ppGroup->rank()));
+    }
+    for (auto* p : parallel) p->beginStep();
+    MicroBatchRun run;
+    run.model = model.get();
+    run.micro_batches = &micros;
+    run.loss_scale = 1.0 / globalCount;
+    run.before_backward = [&](int index, int count) {
+      for (auto* p : parallel) p->beforeBackward(index, count);
+    };
     double lossSum = 0;
-    for (int m = 0; m < numMicro; ++m) {
-      Batch mb = local.slice(m * micro, (m + 1) * micro);
-      for (auto* p : parallel) p->beforeBackward(m, numMicro);
-      LossOutput out = model->forward(mb);
-      (out.loss_sum / globalCount).backward();
-      lossSum += out.loss_sum.item<double>();
+    bool scheduled = false;
+    for (auto* p : parallel) {
+      if (auto sum = p->runMicroBatches(run)) {
+        lossSum = *sum;
+        scheduled = true;
+        break;
+      }
+    }
+    if (!scheduled) {
+      for (int m = 0; m < numMicro; ++m) {
+        run.before_backward(m, numMicro);
+        LossOutput out = model->forward(micros[static_cast<size_t>(m)]);
+        (out.loss_sum * run.loss_scale).backward();
+        lossSum += out.loss_sum.item<double>();
+      }
     }
     // Unwound in reverse order of application: data-parallel sums first, then
     // e.g. tensor-parallel sums of partial (sequence-parallel) gradients.
@@ -159,6 +186,8 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
 
     at::Tensor lossT = torch::tensor({lossSum}, torch::kFloat64);
     if (dp > 1) dpGroup->allreduce(lossT)->wait();
+    // Only the last pipeline stage computes the loss; the others add 0.
+    if (ppGroup->size() > 1) ppGroup->allreduce(lossT)->wait();
     const double loss = lossT.item<double>() / globalCount;
     const double stepTime = seconds(stepStart);
     const double tokens = trainer.tokensIn(batch);

@@ -1,7 +1,9 @@
 #include "ptrain/layout/validation.h"
 
+#include <cstdio>
 #include <functional>
 
+#include "ptrain/pipeline/schedule.h"
 #include "ptrain/recipe/recipe.h"
 #include "recipe/text_util.h"
 
@@ -249,6 +251,22 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
     }
   }
 
+  // Megatron's interleaved schedule runs micro-batches in groups of pp.
+  if (denseOk && v.pp > 1 && v.vpp > 1 && v.schedule == "interleaved") {
+    const int64_t dp = v.world / dense;
+    const int64_t global = recipe.getInt(kGlobal);
+    const int64_t micro = recipe.has(kMicro) ? recipe.getInt(kMicro) : (global % dp == 0 ? global / dp : 0);
+    if (micro > 0 && global % (micro * dp) == 0) {
+      const int64_t m = global / (micro * dp);
+      if (m % v.pp != 0) {
+        out.push_back(v.at({kMicro, kGlobal, kSchedule}) + "the interleaved schedule needs the micro-batches per step (" +
+                      n(m) + " = global_batch_size / (micro_batch_size*dp)) to be a multiple of "
+                      "pipeline_model_parallel_size=" + n(v.pp) + ": use global_batch_size " +
+                      nearMultiples(global, micro * dp * v.pp) + ", or pipeline_schedule 1f1b");
+      }
+    }
+  }
+
   // Context parallelism splits the sequence; sequence parallelism splits each
   // context chunk again across the tensor-parallel group.
   const int64_t seq = v.model("seq_length");
@@ -284,11 +302,18 @@ std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize) {
   if (v.pp > 1 && checkLayout(recipe, worldSize).empty()) {
     LayoutPlan plan = planLayout(recipe, worldSize);
     if (plan.micro_batches < v.pp) {
+      const auto kind = pipeline::scheduleFromName(v.schedule);
+      const double bubble = pipeline::bubbleFormula(kind, static_cast<int>(v.pp), static_cast<int>(v.vpp),
+                                                    static_cast<int>(plan.micro_batches));
+      char figure[32];
+      std::snprintf(figure, sizeof figure, "%.0f%%", 100.0 * bubble / (1.0 + bubble));
       out.push_back(v.at({kMicro, kGlobal}) + "only " + std::to_string(plan.micro_batches) +
                     (plan.micro_batches == 1 ? " micro-batch" : " micro-batches") +
                     " per step for pipeline_model_parallel_size=" + std::to_string(v.pp) +
-                    ", so stages sit idle: make global_batch_size / (micro_batch_size*dp) at least " +
-                    std::to_string(v.pp));
+                    ", so the pipeline cannot fill: stages sit idle " + figure + " of each step (bubble " +
+                    (kind == pipeline::ScheduleKind::kInterleaved ? "(pp-1)/(vpp*m)" : "(pp-1)/m") + " = " +
+                    text::formatNumber(bubble) + " of the compute time); make global_batch_size / "
+                    "(micro_batch_size*dp) at least " + std::to_string(v.pp));
     }
   }
   return out;

@@ -45,9 +45,7 @@ class TensorParallel final : public ParallelPlugin {
                         : std::string());
   }
 
-  void beforeBackward(int index, int count) override {
-    if (index == 0) state_->comm_bytes = 0;
-  }
+  void beginStep() override { state_->comm_bytes = 0; }
 
   void finishGradients() override {
     if (partial_.empty()) return;

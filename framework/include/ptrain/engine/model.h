@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,24 @@ struct TensorParallelPlan {
   std::vector<std::string> sequence_parallel_params;
 };
 
+class StagedModel;
+
+// How a pipeline-split model runs inference across its stages (set on the
+// model by the pipeline plugin). Every rank of the pipeline group calls these
+// together, in the same order, with tensors of the same shapes.
+class PTRAIN_API PipelineInference {
+ public:
+  virtual ~PipelineInference();
+  virtual bool isFirstStage() const = 0;  // runs embed
+  virtual bool isLastStage() const = 0;   // runs head
+  // `embedded` (first stage; undefined elsewhere) through every block of the
+  // model, stage after stage. Returns the head's input on the last stage and
+  // an undefined tensor on the others. No gradient.
+  virtual at::Tensor forwardBlocks(StagedModel& model, const at::Tensor& embedded) = 0;
+  // In place: every stage ends with the last stage's `tensor`.
+  virtual void broadcastFromLastStage(at::Tensor& tensor) = 0;
+};
+
 class PTRAIN_API StagedModel {
  public:
   virtual ~StagedModel();
@@ -81,8 +100,26 @@ class PTRAIN_API StagedModel {
   // Last stage: hidden -> loss over the micro-batch's targets.
   virtual LossOutput head(const at::Tensor& hidden, const Batch& micro) = 0;
 
-  // Whole model on one rank: embed, every block, head.
+  // Parameters of the parts before the blocks that the head uses too (a
+  // tied output embedding): a pipeline keeps a copy on the last stage and sums
+  // their gradients across the two stages. Default: none.
+  virtual std::vector<std::string> headSharedParameters() const { return {}; }
+
+  // Whole model: embed, every block, head. Without a pipeline this is the
+  // training forward pass. With one (`pipeline` set) it is for inference
+  // only: the stages pass the activations on, and every stage returns the
+  // last stage's loss (as a float64 scalar without gradient).
   LossOutput forward(const Batch& micro);
+  // Inference helpers that work with or without a pipeline: the hidden
+  // states entering the head (undefined on stages that do not hold the head),
+  // whether this rank holds the head, and a copy of a head-side result
+  // (e.g. the next tokens) on every stage.
+  at::Tensor forwardHidden(const Batch& micro);
+  bool holdsHead() const { return !pipeline || pipeline->isLastStage(); }
+  void shareFromHead(at::Tensor& tensor);
+
+  // Named parameters this rank holds (all but remote_parameters), in module order.
+  std::vector<std::pair<std::string, at::Tensor>> localParameters();
 
   // Tensor parallelism, driven by the tensor plugin (ptrain::nn::
   // applyTensorParallel): it asks for the plan, shards the parameters of the
@@ -97,6 +134,16 @@ class PTRAIN_API StagedModel {
 
   // Parameter name -> how it is sharded (absent: replicated on every rank).
   std::map<std::string, ShardSpec> shard_specs;
+
+  // Pipeline parallelism (set by the pipeline plugin; empty without it).
+  // Parameters of other stages: their storage is released on this rank and
+  // they take no gradient; optimizer, norms and checkpoints skip them.
+  std::set<std::string> remote_parameters;
+  // Parameters held here as a copy of another stage's (headSharedParameters
+  // on the last stage): updated identically, counted in the gradient norm
+  // and saved by their owner only.
+  std::set<std::string> mirrored_parameters;
+  std::shared_ptr<PipelineInference> pipeline;
 };
 
 }  // namespace ptrain
