@@ -158,8 +158,11 @@ int main(int argc, char** argv) {
       rss = std::max(rss, run.rss_mb);
       ptrainStep = std::min(ptrainStep, run.step_s);
 
+      // Eager gets the OpenMP setting ptrain's launcher gives its workers
+      // (docs/launching.md), so both run in the same environment.
       std::ostringstream py;
-      py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
+      py << "OMP_WAIT_POLICY=" << (std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "PASSIVE")
+         << " /usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
          << s.hidden << " --heads " << s.heads << " --seq " << s.seq << " --batch " << s.batch << " --steps " << s.steps
          << " --warmup " << warmup << " --threads " << threads;
       auto result = nlohmann::json::parse(capture(py.str()));

@@ -64,7 +64,9 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
   // this rank holds only some heads.
   const int64_t heads = qkvOut.size(-1) / (3 * head_dim_);
   // [B, T, heads, 3, d] -> [3, B, heads, T, d]
-  at::Tensor parts = qkvOut.view({batch, length, heads, 3, head_dim_}).permute({3, 0, 2, 1, 4});
+  // unbind, not three selects: its backward stacks the three gradients once
+  // instead of scattering each into a zero tensor of the whole size.
+  auto parts = qkvOut.view({batch, length, heads, 3, head_dim_}).permute({3, 0, 2, 1, 4}).unbind(0);
   at::Tensor q = parts[0].reshape({batch * heads, length, head_dim_});
   at::Tensor k = parts[1].reshape({batch * heads, length, head_dim_});
   at::Tensor v = parts[2].reshape({batch * heads, length, head_dim_});
