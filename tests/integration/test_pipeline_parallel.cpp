@@ -6,6 +6,7 @@
 // saved at pp=2 resumes at pp=1, pp=4 and tp2 x pp2 on the same curve.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,9 +40,13 @@ log: {progress: lines}
 struct Layout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
   std::string schedule = "1f1b";
+  std::string blocks;  // parallel.pipeline_layout, e.g. "[2,0,2]"; empty: the default split
   std::string name() const {
-    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_" + schedule +
-           (vpp > 1 ? "_vpp" + std::to_string(vpp) : "");
+    std::string n = "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_" +
+                    schedule + (vpp > 1 ? "_vpp" + std::to_string(vpp) : "");
+    for (char c : blocks)
+      if (std::isdigit(static_cast<unsigned char>(c))) n += std::string("_") + c;
+    return n;
   }
   int microBatches() const { return 8 / (2 * dp); }
 };
@@ -54,6 +59,7 @@ ptrain::test::ProcessResult train(const std::string& recipe, const std::string& 
                                 "parallel.pipeline_model_parallel_size=" + std::to_string(l.pp),
                                 "parallel.virtual_pipeline_model_parallel_size=" + std::to_string(l.vpp),
                                 "parallel.pipeline_schedule=" + l.schedule};
+  if (!l.blocks.empty()) args.push_back("parallel.pipeline_layout=" + l.blocks);
   args.insert(args.end(), extra.begin(), extra.end());
   return runPtrain(args, {}, 300);
 }
@@ -146,7 +152,13 @@ TEST(PipelineParallel, SchedulesMatchOneRank) {
 TEST(PipelineParallel, UntiedHeadMatchesOneRank) { runGrid({{1, 2, 1, 1, "1f1b"}}, {"model.tie_embeddings=false"}); }
 
 TEST(PipelineParallel, TensorPipelineAndDataParallelTogetherMatchOneRank) {
-  runGrid({{2, 2, 2, 1, "1f1b"}, {1, 2, 2, 2, "interleaved"}});
+  runGrid({{2, 2, 2, 1, "1f1b"}, {1, 2, 2, 2, "interleaved"}, {2, 2, 1, 2, "interleaved"}});
+}
+
+// Explicit layouts: uneven stages, and a middle stage with no block at all
+// (it only passes activations and gradients on).
+TEST(PipelineParallel, UnevenAndEmptyStagesMatchOneRank) {
+  runGrid({{1, 3, 1, 1, "1f1b", "[1,2,1]"}, {1, 3, 1, 1, "1f1b", "[2,0,2]"}});
 }
 
 // Sequence parallelism inside each stage: activations cross stages as
@@ -200,7 +212,14 @@ TEST(PipelineParallel, LayoutThatDoesNotSplitIsOneLine) {
                           "parallel.pipeline_layout"),
             std::string::npos)
       << r.output;
-  // An explicit layout splits them unevenly, and trains.
-  r = train(recipe, tmp.path() + "/uneven", Layout{1, 3}, {"parallel.pipeline_layout=[1,2,1]", "train.steps=3"});
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Interleaving runs micro-batches in groups of pp: 3 of them do not split over 2 stages.
+  r = runPtrain({"check", recipe, "--nproc", "2", "parallel.pipeline_model_parallel_size=2",
+                 "parallel.virtual_pipeline_model_parallel_size=2", "parallel.pipeline_schedule=interleaved",
+                 "train.global_batch_size=6"},
+                {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the interleaved schedule needs the micro-batches per step (3 = global_batch_size / "
+                          "(micro_batch_size*dp)) to be a multiple of pipeline_model_parallel_size=2"),
+            std::string::npos)
+      << r.output;
 }

@@ -216,7 +216,7 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
     }
     if ((ckptEvery > 0 && step % ckptEvery == 0) ||
         (step == steps && recipe.getBool("checkpoint.save_final"))) {
-      checkpointer.save(step, *model, optimizer, isRankZero, *dpGroup);
+      checkpointer.save(step, *model, optimizer, isRankZero, comm.world());
     }
   }
   progress.finish();

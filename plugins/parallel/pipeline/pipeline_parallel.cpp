@@ -96,6 +96,7 @@ class PipelineParallel final : public ParallelPlugin {
     if (link_->isLastStage())
       for (const auto& p : model.headPrefixes()) local.push_back(p);
     const std::vector<std::string> shared = model.headSharedParameters();
+    checkPlacement(model, shared);
 
     torch::NoGradGuard noGrad;
     int64_t kept = 0;
@@ -126,6 +127,25 @@ class PipelineParallel final : public ParallelPlugin {
     }
     logger()->debug("pipeline over {}: stage {} of {}, {} schedule, blocks {}, {} parameter values held",
                     group->name(), link_->rank(), stages, toString(kind_), mine, kept);
+  }
+
+  // Every parameter must belong to a block, the embedding or the head, or no
+  // stage would hold (and train) it; parameters the head shares must be the
+  // embedding's, which the first stage owns.
+  static void checkPlacement(StagedModel& model, const std::vector<std::string>& shared) {
+    std::vector<std::string> all = model.embedPrefixes();
+    for (const auto& p : model.headPrefixes()) all.push_back(p);
+    for (int b = 0; b < model.numBlocks(); ++b) all.push_back(model.blockPrefix(b));
+    for (const auto& item : model.module().named_parameters()) {
+      PTRAIN_CHECK(startsWithAny(item.key(), all), "pipeline: parameter '", item.key(),
+                   "' is in no block and not under the model's embed or head prefixes, so no stage would hold "
+                   "it; the model's StagedModel prefixes must cover every parameter");
+    }
+    for (const auto& name : shared) {
+      PTRAIN_CHECK(startsWithAny(name, model.embedPrefixes()), "pipeline: head-shared parameter '", name,
+                   "' is not under the model's embed prefixes; headSharedParameters() must name embedding "
+                   "parameters");
+    }
   }
 
   std::optional<double> runMicroBatches(const MicroBatchRun& run) override {

@@ -12,6 +12,18 @@ constexpr int64_t kHeaderSize = 2 + kMaxDims;  // rank, dtype, sizes
 
 using Clock = std::chrono::steady_clock;
 
+// The tensor a shape header describes; throws InternalError when the header
+// is not one (the two ends walked different schedules).
+at::Tensor tensorFromHeader(const at::Tensor& header, at::Device device, int peer, int tag) {
+  const int64_t* h = header.data_ptr<int64_t>();
+  PTRAIN_CHECK(h[0] >= 0 && h[0] <= kMaxDims && h[1] >= 0 &&
+                   h[1] < static_cast<int64_t>(at::ScalarType::NumOptions),
+               "pipeline: malformed shape header from pipeline rank ", peer, " (tag ", tag,
+               "): the stages are out of step");
+  std::vector<int64_t> sizes(h + 2, h + 2 + h[0]);
+  return torch::empty(sizes, torch::TensorOptions().dtype(static_cast<at::ScalarType>(h[1])).device(device));
+}
+
 }  // namespace
 
 StageLink::StageLink(std::shared_ptr<ProcessGroup> group, int chunks, std::vector<std::vector<int>> blocks)
@@ -66,10 +78,7 @@ at::Tensor StageLink::recvActivation(int atVirtual, bool withShape) {
     at::Tensor header = torch::empty({kHeaderSize}, torch::kInt64);
     auto work = group_->recv(header, peer, {tag});
     waitTimed(*work);
-    const int64_t* h = header.data_ptr<int64_t>();
-    std::vector<int64_t> sizes(h + 2, h + 2 + h[0]);
-    shapeOfTag_[tag] =
-        torch::empty(sizes, torch::TensorOptions().dtype(static_cast<at::ScalarType>(h[1])).device(device_));
+    shapeOfTag_[tag] = tensorFromHeader(header, device_, peer, tag);
   }
   return recv(peer, tag, nullptr);
 }
@@ -114,9 +123,7 @@ at::Tensor StageLink::forwardBlocks(StagedModel& model, const at::Tensor& embedd
       const int peer = ownerOf(g - 1);
       at::Tensor header = torch::empty({kHeaderSize}, torch::kInt64);
       waitTimed(*group_->recv(header, peer, {tag}));
-      const int64_t* h = header.data_ptr<int64_t>();
-      x = torch::empty(std::vector<int64_t>(h + 2, h + 2 + h[0]),
-                       torch::TensorOptions().dtype(static_cast<at::ScalarType>(h[1])).device(device_));
+      x = tensorFromHeader(header, device_, peer, tag);
       waitTimed(*group_->recv(x, peer, {tag}));
     }
     for (int block : blocksOf(g)) x = model.runBlock(block, x);

@@ -93,7 +93,10 @@ class PTRAIN_API StagedModel {
   virtual std::vector<std::string> embedPrefixes() const = 0;
   virtual std::vector<std::string> headPrefixes() const = 0;
 
-  // First stage: inputs of a micro-batch -> hidden states.
+  // First stage: inputs of a micro-batch -> hidden states. Every micro-batch
+  // of a step has the same shape (the engine cuts equal slices of one global
+  // batch), and so do the hidden states: a pipeline sends the shape once per
+  // step.
   virtual at::Tensor embed(const Batch& micro) = 0;
   // One block: hidden -> hidden (same shape).
   virtual at::Tensor runBlock(int index, const at::Tensor& hidden) = 0;
