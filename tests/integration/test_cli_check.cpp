@@ -187,6 +187,23 @@ TEST(CliKeys, ListsEveryCoreKey) {
   }
 }
 
+TEST(CliKeys, ListsATrainersOwnKeysOnRequest) {
+  test::ProcessResult r = runPtrain({"keys", "--trainer", "llm"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto own = r.output.find("keys of trainer llm:");
+  ASSERT_NE(own, std::string::npos) << r.output;
+  for (const char* key : {"data.operations", "data.digits", "model.make_vocab_size_divisible_by", "data.eval_size"}) {
+    EXPECT_NE(r.output.find(std::string("\n") + key + " ", own), std::string::npos) << key;
+  }
+  // Without --trainer only the core keys.
+  r = runPtrain({"keys"}, {}, 60);
+  EXPECT_EQ(r.output.find("data.digits"), std::string::npos);
+  // An unknown trainer is one line, exit 2.
+  r = runPtrain({"keys", "--trainer", "lm"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'llm'"), std::string::npos) << r.output;
+}
+
 // docs/recipes.md carries the key table between markers; it must equal what
 // `ptrain keys --markdown` prints, so the documentation cannot drift.
 TEST(CliKeys, DocsTableMatchesKeysMarkdown) {

@@ -1,16 +1,31 @@
 // ptrain keys: every recipe key the core knows, as a terminal table or as the
-// markdown table kept in docs/recipes.md.
+// markdown table kept in docs/recipes.md; with --trainer NAME, followed by the
+// keys that trainer plugin adds (found on the default plugin search path).
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/schema.h"
 
 namespace ptrain::cli {
 
-int cmdKeys(bool markdown) {
+int cmdKeys(bool markdown, const std::string& trainer) {
   Schema schema;
   describeCoreKeys(schema);
-  const std::string out = markdown ? schema.markdown() : schema.text();
+  std::string out = markdown ? schema.markdown() : schema.text();
+  if (!trainer.empty()) {
+    // Throws PluginLoadError (one line, exit 2) for a trainer that is not found.
+    PluginRegistry registry(PluginRegistry::defaultSearchPath({}));
+    PluginContext ctx;
+    ctx.logger = logger();
+    std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, trainer, ctx, "--trainer");
+    Schema own;
+    static_cast<const Trainer&>(*plugin).describeKeys(own);
+    out += markdown ? "\n## Keys of trainer `" + trainer + "`\n\n" + own.markdown()
+                    : "\nkeys of trainer " + trainer + ":\n" + own.text();
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

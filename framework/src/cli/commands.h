@@ -48,6 +48,6 @@ int cmdRun(const RunArgs& args);
 int cmdCheck(const CheckArgs& args);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);
-int cmdKeys(bool markdown);
+int cmdKeys(bool markdown, const std::string& trainer);
 
 }  // namespace ptrain::cli
