@@ -18,6 +18,7 @@
 
 namespace fs = std::filesystem;
 using ptrain::test::runPtrain;
+using ptrain::test::relDiff;
 using ptrain::test::TempDir;
 
 namespace {
@@ -80,8 +81,6 @@ std::map<int, nlohmann::json> evals(const std::string& runDir) {
   }
   return out;
 }
-
-double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 void expectSameCurve(const std::map<int, nlohmann::json>& got, const std::map<int, nlohmann::json>& ref,
                      const std::string& what) {

@@ -20,6 +20,7 @@
 
 namespace fs = std::filesystem;
 using ptrain::test::runPtrain;
+using ptrain::test::relDiff;
 using ptrain::test::TempDir;
 
 namespace {
@@ -75,8 +76,6 @@ ptrain::test::ProcessResult train(const std::string& recipe, const std::string& 
   args.insert(args.end(), extra.begin(), extra.end());
   return runPtrain(args, {}, 300);
 }
-
-double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 // Bytes the tensor plugin moves per step (fp32), counting an all-reduce by
 // its tensor, an all-gather by its output and a reduce-scatter by its input

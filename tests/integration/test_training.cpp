@@ -13,6 +13,7 @@
 
 namespace fs = std::filesystem;
 using ptrain::test::runPtrain;
+using ptrain::test::relDiff;
 using ptrain::test::TempDir;
 
 namespace {
@@ -51,8 +52,6 @@ ptrain::test::ProcessResult train(const std::string& recipe, const std::string& 
   args.insert(args.end(), extra.begin(), extra.end());
   return runPtrain(args, {}, 400);
 }
-
-double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 }  // namespace
 

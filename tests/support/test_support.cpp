@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -177,6 +179,8 @@ std::string runRanks(int worldSize, const std::function<void(int, int, int)>& bo
   }
   return failures.str();
 }
+
+double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 std::map<int, std::string> readTrainingSteps(const std::string& runDir) {
   std::map<int, std::string> out;

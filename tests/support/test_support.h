@@ -62,6 +62,9 @@ std::string runRanks(int worldSize, const std::function<void(int rank, int world
 // value is the JSON object as text, so callers can compare numbers bitwise.
 std::map<int, std::string> readTrainingSteps(const std::string& runDir);
 
+// |a - b| / |b|, the relative difference of a loss against its reference.
+double relDiff(double a, double b);
+
 // Reads a whole file; "" when it does not exist.
 std::string readFile(const std::string& path);
 
