@@ -76,6 +76,24 @@ TEST(Training, DataParallelMatchesSingleProcess) {
   EXPECT_LT(losses[1][20].loss, losses[1][1].loss * 0.8);
 }
 
+// ptrain's host kernels and caching allocator against libtorch's ops and
+// malloc: the same training curve. With two intra-op threads (one process on
+// the 2-core machine), so the kernels really split their products.
+TEST(Training, HostKernelsAndAllocatorMatchLibtorch) {
+  TempDir tmp;
+  const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);
+  const std::string mine = tmp.path() + "/ptrain", ref = tmp.path() + "/libtorch";
+  auto r = train(recipe, mine, 1, {"cpu.kernels=ptrain", "cpu.allocator=caching"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(recipe, ref, 1, {"cpu.kernels=libtorch", "cpu.allocator=system"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto a = readLosses(mine), b = readLosses(ref);
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  EXPECT_LT(relDiff(a[1].loss, b[1].loss), 1e-5);
+  for (int step = 1; step <= 20; ++step) EXPECT_LT(relDiff(a[step].loss, b[step].loss), 1e-4) << "step " << step;
+}
+
 TEST(Training, ResumeContinuesBitForBit) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);

@@ -84,6 +84,8 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
       {"communication.backend", ValueType::kString, "gloo"},
       {"communication.timeout_s", ValueType::kFloat, "300"},
       {"precision.name", ValueType::kString, "fp32"},
+      {"cpu.allocator", ValueType::kString, "caching"},
+      {"cpu.kernels", ValueType::kString, "ptrain"},
       {"offload.params", ValueType::kBool, "false"},
       {"offload.optimizer", ValueType::kBool, "false"},
       {"checkpoint.every", ValueType::kInt, "0"},

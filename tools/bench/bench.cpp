@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "ptrain/launch/host_tuning.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -123,6 +125,20 @@ double matmulPeak(int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The settings ptrain's launcher gives its workers (launch/host_tuning.h)
+  // apply to this process too, and so to the matmul peak and to eager, which
+  // inherits them: all three then run the same BLAS kernels and threads. The
+  // BLAS reads them when it is loaded, so the bench starts itself again.
+  const ptrain::HostTuning tuning = ptrain::hostTuning();
+  if (!tuning.env.empty()) {
+    for (const auto& e : tuning.env) {
+      const auto eq = e.find('=');
+      setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+    }
+    for (const auto& note : tuning.notes) std::fprintf(stderr, "bench: %s\n", note.c_str());
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "bench: cannot restart itself with the tuned environment; continuing without it\n");
+  }
   const fs::path source = PTRAIN_SOURCE_DIR;
   const fs::path binary = PTRAIN_BINARY_DIR;
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -158,11 +174,10 @@ int main(int argc, char** argv) {
       rss = std::max(rss, run.rss_mb);
       ptrainStep = std::min(ptrainStep, run.step_s);
 
-      // Eager gets the OpenMP setting ptrain's launcher gives its workers
-      // (docs/launching.md), so both run in the same environment.
+      // Eager inherits the environment main() set up: the same OpenMP and
+      // BLAS settings as ptrain's workers.
       std::ostringstream py;
-      py << "OMP_WAIT_POLICY=" << (std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "PASSIVE")
-         << " /usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
+      py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
          << s.hidden << " --heads " << s.heads << " --seq " << s.seq << " --batch " << s.batch << " --steps " << s.steps
          << " --warmup " << warmup << " --threads " << threads;
       auto result = nlohmann::json::parse(capture(py.str()));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
 
 namespace ptrain::llm {
@@ -56,38 +57,22 @@ GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : head_dim_(c.headDim()),
 
 at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
   // [B, T, heads * 3 * d]; the whole sequence even when x is a sequence shard
-  // (the column-parallel layer gathers it).
+  // (the column-parallel layer gathers it). Heads follow from its width: on a
+  // tensor-parallel shard this rank holds only some of them.
   at::Tensor qkvOut = qkv(x);
-  const int64_t batch = qkvOut.size(0);
   const int64_t length = qkvOut.size(1);
-  // Heads from the output width, not the config: on a tensor-parallel shard
-  // this rank holds only some heads.
-  const int64_t heads = qkvOut.size(-1) / (3 * head_dim_);
-  // [B, T, heads, 3, d] -> [3, B, heads, T, d]
-  // unbind, not three selects: its backward stacks the three gradients once
-  // instead of scattering each into a zero tensor of the whole size.
-  auto parts = qkvOut.view({batch, length, heads, 3, head_dim_}).permute({3, 0, 2, 1, 4}).unbind(0);
-  at::Tensor q = parts[0].reshape({batch * heads, length, head_dim_});
-  at::Tensor k = parts[1].reshape({batch * heads, length, head_dim_});
-  at::Tensor v = parts[2].reshape({batch * heads, length, head_dim_});
-  // One batched matmul that also applies the scale and adds the causal mask.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor mask = additiveMask.narrow(0, 0, length).narrow(1, 0, length);
-  at::Tensor scores = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-  at::Tensor probs = torch::softmax(scores, -1);
-  if (dropout_ > 0 && is_training()) {
-    // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
-    // sample: draw the mask of all heads and keep those.
-    probs = nn::isActive(tp_.get())
-                ? nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
-                      .view({batch * heads, length, length})
-                : torch::dropout(probs, dropout_, true);
-  }
-  at::Tensor out = torch::bmm(probs, v)  // [B * heads, T, d]
-                       .view({batch, heads, length, head_dim_})
-                       .permute({0, 2, 1, 3})
-                       .reshape({batch, length, heads * head_dim_});
-  return proj(out);
+  if (dropout_ <= 0 || !is_training()) return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask));
+  // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
+  // sample: draw the mask of all heads and keep those.
+  auto dropProbs = [&](const at::Tensor& probs) {
+    if (!nn::isActive(tp_.get())) return torch::dropout(probs, dropout_, true);
+    const int64_t batch = qkvOut.size(0), heads = probs.size(0) / batch;
+    return nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
+        .view({batch * heads, length, length});
+  };
+  return proj(nn::batchedAttention(qkvOut, head_dim_, scale, mask, dropProbs));
 }
 
 // ---- MLP ----

@@ -9,7 +9,9 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/nn/host_kernels.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
 #include "ptrain/launch/launcher.h"
@@ -58,6 +60,8 @@ int runWorker(const RunArgs& args) {
   configureIntraOpThreads(env);
   PreparedRecipe prepared = prepareRecipe(args.recipe, args.overrides, env.world_size, env.rank);
   initLogging(env.rank, env.world_size, prepared.recipe.getString("log.level"));
+  if (prepared.recipe.getString("cpu.allocator") == "caching") installCachingHostAllocator();
+  nn::setHostKernels(prepared.recipe.getString("cpu.kernels") == "ptrain");
   EngineOptions options;
   options.resume = args.resume;
   options.run_dir = args.run_dir.empty() ? "runs/" + prepared.recipe.name() + "/job-" + jobId() : args.run_dir;

@@ -178,9 +178,9 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
     for (auto it = parallel.rbegin(); it != parallel.rend(); ++it) (*it)->finishGradients();
 
     const double lr = learningRate(optimizer.options(), step);
-    const double gradNorm =
-        clipGradNorm(optimizer.parameters(), optimizer.options().clip_grad, sumNormSquares, countedInNorm);
-    optimizer.step(lr);
+    const double gradNorm = globalGradNorm(optimizer.parameters(), sumNormSquares, countedInNorm);
+    // Clipping is folded into the update: the optimizer scales each gradient as it reads it.
+    optimizer.step(lr, clipCoefficient(gradNorm, optimizer.options().clip_grad));
     optimizer.zeroGrad();
     ++step;
 

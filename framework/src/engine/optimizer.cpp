@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ptrain/recipe/recipe.h"
+#include "adamw_kernel.h"
 
 namespace ptrain {
 
@@ -17,6 +18,7 @@ OptimizerOptions OptimizerOptions::fromRecipe(const Recipe& r) {
   o.beta1 = r.getFloat("optimizer.beta1");
   o.beta2 = r.getFloat("optimizer.beta2");
   o.eps = r.getFloat("optimizer.eps");
+  o.momentum = r.getFloat("optimizer.momentum");
   o.clip_grad = r.getFloat("optimizer.clip_grad");
   o.schedule = r.getString("optimizer.lr_schedule");
   o.warmup_steps = r.getInt("optimizer.warmup_steps");
@@ -54,32 +56,75 @@ void Optimizer::zeroGrad() {
   }
 }
 
-void Optimizer::step(double lr) {
+namespace {
+
+// The fused kernel takes float32 tensors in host memory laid out densely
+// alike; anything else (other dtypes, devices) goes through foreach kernels.
+bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
+  for (const at::Tensor* t : {&p, &g, &m, &v}) {
+    if (!t->is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+  }
+  return g.sizes().equals(p.sizes()) && m.sizes().equals(p.sizes()) && v.sizes().equals(p.sizes());
+}
+
+}  // namespace
+
+void Optimizer::step(double lr, double gradScale) {
   torch::NoGradGuard noGrad;
   ++step_;
-  std::vector<at::Tensor> ps, gs, ms, vs, decayed;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+  const double decayFactor = 1.0 - lr * options_.weight_decay;
+  const bool adamw = options_.name == "adamw";
+  // Tensors the fused kernel cannot take, updated with foreach kernels below.
+  std::vector<at::Tensor> ps, gs, ms, vs, decayed, decayedGrads;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].grad().defined()) continue;
-    ps.push_back(params_[i]);
-    gs.push_back(params_[i].grad());
+    at::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    const at::Tensor& g = p.grad();
+    if (adamw && fusable(p, g, expAvg_[i], expAvgSq_[i])) {
+      detail::AdamwStep s;
+      s.decay_factor = static_cast<float>(hasDecay_[i] ? decayFactor : 1.0);
+      s.beta1 = static_cast<float>(b1);
+      s.beta2 = static_cast<float>(b2);
+      s.grad_scale = static_cast<float>(gradScale);
+      s.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bc2));
+      s.eps = static_cast<float>(options_.eps);
+      s.step_size = static_cast<float>(lr / bc1);
+      detail::adamwUpdate(p.data_ptr<float>(), g.data_ptr<float>(), expAvg_[i].data_ptr<float>(),
+                          expAvgSq_[i].data_ptr<float>(), p.numel(), s);
+      continue;
+    }
+    ps.push_back(p);
+    gs.push_back(g);
     ms.push_back(expAvg_[i]);
     vs.push_back(expAvgSq_[i]);
-    if (hasDecay_[i]) decayed.push_back(params_[i]);
+    if (hasDecay_[i]) {
+      decayed.push_back(p);
+      decayedGrads.push_back(g);
+    }
   }
   if (ps.empty()) return;
-  if (options_.name == "sgd") {
-    if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_mul_(decayed, 1.0 - lr * options_.weight_decay);
-    at::_foreach_add_(ps, gs, -lr);
+  if (gradScale != 1.0) at::_foreach_mul_(gs, gradScale);
+  if (!adamw) {
+    // As torch.optim.SGD: an L2 penalty added to the gradient (g += wd * p),
+    // then momentum without dampening (buf = momentum * buf + g).
+    if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_add_(decayedGrads, decayed, options_.weight_decay);
+    if (options_.momentum > 0) {
+      at::_foreach_mul_(ms, options_.momentum);
+      at::_foreach_add_(ms, gs);
+      at::_foreach_add_(ps, ms, -lr);
+    } else {
+      at::_foreach_add_(ps, gs, -lr);
+    }
     return;
   }
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_mul_(decayed, 1.0 - lr * options_.weight_decay);
+  if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_mul_(decayed, decayFactor);
   at::_foreach_mul_(ms, b1);
   at::_foreach_add_(ms, gs, 1.0 - b1);
   at::_foreach_mul_(vs, b2);
   at::_foreach_addcmul_(vs, gs, gs, 1.0 - b2);
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
   auto denom = at::_foreach_sqrt(vs);
   at::_foreach_div_(denom, std::sqrt(bc2));
   at::_foreach_add_(denom, options_.eps);
@@ -115,15 +160,13 @@ void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t ste
   step_ = stepCount;
 }
 
-double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
-                    const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted) {
+double globalGradNorm(const std::vector<at::Tensor>& params,
+                      const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted) {
   torch::NoGradGuard noGrad;
-  std::vector<at::Tensor> grads, countedGrads;
+  std::vector<at::Tensor> countedGrads;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    if (counted.empty() || counted[i]) countedGrads.push_back(p.grad());
+    if (p.grad().defined() && (counted.empty() || counted[i])) countedGrads.push_back(p.grad());
   }
   at::Tensor total = torch::zeros({}, torch::kFloat64);
   if (!countedGrads.empty()) {
@@ -131,11 +174,12 @@ double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
     total = torch::stack(norms).to(torch::kFloat64).pow(2).sum();
   }
   if (sumSquares) sumSquares(total);
-  const double norm = std::sqrt(total.item<double>());
-  if (maxNorm > 0 && norm > maxNorm && !grads.empty()) {
-    at::_foreach_mul_(grads, maxNorm / (norm + 1e-6));
-  }
-  return norm;
+  return std::sqrt(total.item<double>());
+}
+
+double clipCoefficient(double norm, double maxNorm) {
+  if (maxNorm > 0 && norm > maxNorm) return maxNorm / (norm + 1e-6);
+  return 1.0;
 }
 
 }  // namespace ptrain

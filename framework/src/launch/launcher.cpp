@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "ptrain/core/error.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/launch/host_tuning.h"
 #include "ptrain/launch/launcher.h"
 
 extern char** environ;
@@ -606,6 +608,8 @@ int launchWorkers(const LaunchOptions& options) {
     if (ownKeys.count(envKey(entry)) == 0) baseEnv.push_back(std::move(entry));
   }
 
+  const HostTuning tuning = hostTuning();
+  for (const auto& note : tuning.notes) logger()->info("{}", note);
   std::vector<ChildPlan> plans(static_cast<size_t>(nproc));
   for (int local = 0; local < nproc; ++local) {
     const int rank = options.node_rank * nproc + local;
@@ -624,11 +628,8 @@ int launchWorkers(const LaunchOptions& options) {
     put("MASTER_ADDR", options.master_addr);
     put("MASTER_PORT", std::to_string(port));
     put("PTRAIN_WORKER", "1");
-    // Idle OpenMP threads sleep instead of spinning: libtorch's OpenMP pool
-    // and OpenBLAS's own threads share the rank's cores, and spinning OpenMP
-    // threads steal them from the GEMMs (measured: a 2-core step twice as
-    // slow). A value the user set is kept.
-    if (std::getenv("OMP_WAIT_POLICY") == nullptr) put("OMP_WAIT_POLICY", "PASSIVE");
+    // Thread and BLAS kernel settings for this host (launch/host_tuning.h).
+    for (const auto& e : tuning.env) plan.envStore.push_back(e);
     if (rank == 0 && stdoutIsTty) put("PTRAIN_PROGRESS_TTY", "1");
     for (const auto& e : options.extra_env) plan.envStore.push_back(e);
     plan.finalize();

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "ptrain/nn/host_kernels.h"
+
 namespace ptrain::nn {
 
 const char* toString(ParallelStyle style) {
@@ -30,12 +32,12 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t inFeatures, int64_t o
 ColumnParallelLinearImpl::~ColumnParallelLinearImpl() = default;
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  if (!parallel()) return at::linear(input, weight, bias);
+  if (!parallel()) return ptrain::nn::linear(input, weight, bias);
   // Every rank needs the whole input; its gradient is a partial sum per rank
   // (each rank's output features see it through their own weight rows).
   at::Tensor x = sequenceParallel() ? gatherFromSequenceParallelRegion(input, *tp_, sequence_dim)
                                     : copyToTpRegion(input, *tp_);
-  at::Tensor out = at::linear(x, weight, bias);
+  at::Tensor out = ptrain::nn::linear(x, weight, bias);
   return gather_output ? gatherFromTpRegion(out, *tp_) : out;
 }
 
@@ -54,9 +56,9 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t inFeatures, int64_t outFeat
 RowParallelLinearImpl::~RowParallelLinearImpl() = default;
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
-  if (!parallel()) return at::linear(input, weight, bias);
+  if (!parallel()) return ptrain::nn::linear(input, weight, bias);
   at::Tensor x = input_is_parallel ? input : scatterToTpRegion(input, *tp_);
-  at::Tensor partial = at::linear(x, weight);
+  at::Tensor partial = ptrain::nn::linear(x, weight);
   at::Tensor out = sequenceParallel() ? reduceScatterToSequenceParallelRegion(partial, *tp_, sequence_dim)
                                       : reduceFromTpRegion(partial, *tp_);
   // After the sum: added once, not once per rank.
@@ -90,10 +92,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
 }
 
 at::Tensor VocabParallelEmbeddingImpl::projectToVocab(const at::Tensor& hidden) {
-  if (!parallel()) return at::linear(hidden, weight);
+  if (!parallel()) return ptrain::nn::linear(hidden, weight);
   at::Tensor x = sequenceParallel() ? gatherFromSequenceParallelRegion(hidden, *tp_, sequence_dim)
                                     : copyToTpRegion(hidden, *tp_);
-  return at::linear(x, weight);
+  return ptrain::nn::linear(x, weight);
 }
 
 std::vector<std::pair<std::string, int>> VocabParallelEmbeddingImpl::splitParameters() const {

@@ -110,6 +110,13 @@ void describeCoreKeys(Schema& s) {
 
   s.add(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."));
 
+  s.add(oneOf(key("cpu.allocator", T::kString, "caching",
+                  "Host memory for tensors: `caching` keeps freed blocks for reuse (no page faults once sizes repeat), `system` calls malloc and free for each."),
+              {"caching", "system"}));
+  s.add(oneOf(key("cpu.kernels", T::kString, "ptrain",
+                  "Linear layers and attention on the CPU: `ptrain` splits their products over one thread pool itself (BLAS on one thread per call), `libtorch` uses libtorch's ops."),
+              {"ptrain", "libtorch"}));
+
   s.add(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."));
   s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."));
 

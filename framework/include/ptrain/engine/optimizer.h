@@ -4,7 +4,10 @@
 // Update rule (as torch.optim.AdamW): p -= lr * wd * p; m = b1 m + (1-b1) g;
 // v = b2 v + (1-b2) g^2; p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
 // Parameters with fewer than two dimensions (biases, norm scales) get no
-// weight decay. Updates run as fused multi-tensor (foreach) kernels.
+// weight decay. float32 tensors in host memory are updated by one fused pass
+// per tensor (engine/adamw_kernel.cpp); others by multi-tensor (foreach)
+// kernels. SGD (as torch.optim.SGD): g += wd * p; buf = momentum * buf + g;
+// p -= lr * buf (buf = g without momentum).
 #pragma once
 
 #include <functional>
@@ -28,6 +31,7 @@ struct OptimizerOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  double momentum = 0;  // sgd only
   double clip_grad = 1.0;  // 0: no clipping
   std::string schedule = "constant";  // constant | linear | cosine
   int64_t warmup_steps = 0;
@@ -44,8 +48,11 @@ class PTRAIN_API Optimizer {
   // `named` parameters, in a stable order; the optimizer keeps references.
   Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, OptimizerOptions options);
 
-  // One update with learning rate `lr`. Parameters without a gradient are skipped.
-  void step(double lr);
+  // One update with learning rate `lr`, each gradient multiplied by
+  // `gradScale` first (the clipping coefficient; later also 1 / loss scale).
+  // The gradients themselves are left as they are, except on the foreach path
+  // where they are scaled in place. Parameters without a gradient are skipped.
+  void step(double lr, double gradScale = 1.0);
   void zeroGrad();
   int64_t stepCount() const { return step_; }
   const OptimizerOptions& options() const { return options_; }
@@ -66,14 +73,17 @@ class PTRAIN_API Optimizer {
   int64_t step_ = 0;
 };
 
-// Scales every gradient of `params` so their global L2 norm is at most
-// maxNorm (no-op when maxNorm <= 0). Returns the norm before clipping.
-// `counted` says which of them this rank adds to the norm (empty: all), so a
-// parameter replicated across tensor-parallel ranks is counted once;
-// `sumSquares`, when given, turns the local sum of squares (float64 scalar)
-// into the global one (e.g. an all-reduce over the model-parallel group).
-PTRAIN_API double clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm,
-                               const std::function<void(at::Tensor&)>& sumSquares = {},
-                               const std::vector<bool>& counted = {});
+// The global L2 norm of the gradients of `params`. `counted` says which of
+// them this rank adds to the norm (empty: all), so a parameter replicated
+// across tensor-parallel ranks is counted once; `sumSquares`, when given,
+// turns the local sum of squares (float64 scalar) into the global one (e.g. an
+// all-reduce over the model-parallel group).
+PTRAIN_API double globalGradNorm(const std::vector<at::Tensor>& params,
+                                 const std::function<void(at::Tensor&)>& sumSquares = {},
+                                 const std::vector<bool>& counted = {});
+
+// The factor that brings gradients of global norm `norm` down to `maxNorm`:
+// maxNorm / (norm + 1e-6) when norm exceeds it, else 1 (and 1 when maxNorm <= 0).
+PTRAIN_API double clipCoefficient(double norm, double maxNorm);
 
 }  // namespace ptrain

@@ -44,8 +44,10 @@ struct LaunchOptions {
 // Each worker gets, on top of the launcher's environment: RANK = node_rank *
 // nproc_per_node + local rank, WORLD_SIZE = nnodes * nproc_per_node,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK = NODE_RANK = node_rank,
-// GROUP_WORLD_SIZE = nnodes, MASTER_ADDR, MASTER_PORT, PTRAIN_WORKER=1, then
-// extra_env (which wins), and PTRAIN_PROGRESS_TTY=1 for global rank 0 only
+// GROUP_WORLD_SIZE = nnodes, MASTER_ADDR, MASTER_PORT, PTRAIN_WORKER=1, the
+// settings of hostTuning() (launch/host_tuning.h: OMP_WAIT_POLICY, and
+// OPENBLAS_CORETYPE where OpenBLAS misjudged the CPU; each note is logged
+// once), then extra_env (which wins), and PTRAIN_PROGRESS_TTY=1 for global rank 0 only
 // when the launcher's stdout is a terminal (so that one rank alone draws a
 // progress bar). Workers read stdin from /dev/null, inherit no descriptor but
 // 0-2, run each in its own process group, and get SIGKILL if the launcher

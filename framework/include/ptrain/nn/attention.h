@@ -1,0 +1,44 @@
+// The core of multi-head self-attention: softmax(scale * Q K^T + mask) V for
+// every head, from the fused projection's output.
+//
+// Layout. `qkv` is [B, T, heads * 3 * d] with each head's query, key and value
+// side by side ([B, T, heads, 3, d], the layout of GPT's fused qkv linear and
+// of its tensor-parallel column shards); the result is [B, T, heads * d], the
+// heads side by side, as the output projection reads them. `additiveMask` is
+// [T, T] (e.g. 0 on and below the diagonal, -inf above: causal) and is added
+// to every head's scores.
+//
+// Two implementations, the same numbers (to float rounding):
+//  - batchedAttention: libtorch ops (reshape, baddbmm, softmax, bmm), for any
+//    device and dtype; also the reference the tests check the other against.
+//  - the host kernel (float32 tensors in host memory, when the host kernels
+//    are on: host_kernels.h): each head's products are BLAS calls on the heads where
+//    they lie, split over the intra-op threads, with the softmax and its
+//    gradient as libtorch ops over all heads at once. It copies no q, k or v
+//    out of the fused tensor, and uses every core for the per-head products,
+//    which libtorch's CPU bmm (without MKL) runs one head at a time on one.
+#pragma once
+
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+
+#include "ptrain/core/error.h"
+
+namespace ptrain::nn {
+
+// Whichever implementation applies to these tensors.
+PTRAIN_API at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale,
+                                         const at::Tensor& additiveMask);
+
+// The libtorch-ops implementation. `dropProbs`, when given, is applied to the
+// attention probabilities ([B * heads, T, T]) before they weight the values
+// (attention dropout, which the host kernel does not do).
+PTRAIN_API at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale,
+                                       const at::Tensor& additiveMask,
+                                       const std::function<at::Tensor(const at::Tensor&)>& dropProbs = {});
+
+// True when multiHeadAttention would take the host kernel for `qkv`.
+PTRAIN_API bool hostAttentionApplies(const at::Tensor& qkv);
+
+}  // namespace ptrain::nn

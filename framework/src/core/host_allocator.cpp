@@ -1,0 +1,127 @@
+#include "ptrain/core/host_allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace ptrain {
+namespace {
+
+// Below this, malloc's own bins serve requests from memory it keeps anyway.
+constexpr size_t kMinCachedBytes = size_t{64} << 10;
+// Every block starts with this header (which keeps the 64-byte alignment
+// libtorch's vectorised kernels expect): its size class, so free() finds its list.
+constexpr size_t kHeaderBytes = 64;
+
+struct BlockHeader {
+  size_t size_class;  // 0: not cached (below the threshold)
+};
+
+class HostCache {
+ public:
+  void* allocate(size_t bytes) {
+    const size_t sizeClass = hostAllocationClass(bytes);
+    if (sizeClass < kMinCachedBytes) return place(c10::alloc_cpu(bytes + kHeaderBytes), 0);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.allocations;
+      stats_.bytes_in_use += static_cast<int64_t>(sizeClass);
+      auto it = free_.find(sizeClass);
+      if (it != free_.end() && !it->second.empty()) {
+        void* base = it->second.back();
+        it->second.pop_back();
+        ++stats_.cache_hits;
+        stats_.bytes_cached -= static_cast<int64_t>(sizeClass);
+        return place(base, sizeClass);
+      }
+      stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes_in_use + stats_.bytes_cached);
+    }
+    return place(c10::alloc_cpu(sizeClass + kHeaderBytes), sizeClass);
+  }
+
+  void release(void* data) {
+    if (data == nullptr) return;
+    void* base = static_cast<char*>(data) - kHeaderBytes;
+    const size_t sizeClass = static_cast<BlockHeader*>(base)->size_class;
+    if (sizeClass == 0) {
+      c10::free_cpu(base);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.bytes_in_use -= static_cast<int64_t>(sizeClass);
+    stats_.bytes_cached += static_cast<int64_t>(sizeClass);
+    free_[sizeClass].push_back(base);
+  }
+
+  void releaseAll() {
+    std::map<size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks.swap(free_);
+      stats_.bytes_cached = 0;
+    }
+    for (auto& [sizeClass, list] : blocks) {
+      for (void* base : list) c10::free_cpu(base);
+    }
+  }
+
+  HostAllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  static void* place(void* base, size_t sizeClass) {
+    static_cast<BlockHeader*>(base)->size_class = sizeClass;
+    return static_cast<char*>(base) + kHeaderBytes;
+  }
+
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_;  // size class -> idle blocks
+  HostAllocatorStats stats_;
+};
+
+// Never destroyed: tensors freed while the process exits still find it.
+HostCache& cache() {
+  static HostCache* instance = new HostCache();
+  return *instance;
+}
+
+void deleteBlock(void* data) { cache().release(data); }
+
+class CachingHostAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    void* data = cache().allocate(bytes);
+    return {data, data, &deleteBlock, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
+};
+
+}  // namespace
+
+size_t hostAllocationClass(size_t bytes) {
+  if (bytes < kMinCachedBytes) return bytes;
+  // Eight classes per power of two: round up to a multiple of 1/8 of the
+  // largest power of two not above `bytes`.
+  size_t top = size_t{1} << (63 - __builtin_clzll(bytes));
+  const size_t step = top / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+void installCachingHostAllocator() {
+  static CachingHostAllocator allocator;
+  static std::once_flag once;
+  // Priority above libtorch's default registration, so it stays in place.
+  std::call_once(once, [] { c10::SetCPUAllocator(&allocator, /*priority=*/10); });
+}
+
+void releaseCachedHostMemory() { cache().releaseAll(); }
+
+HostAllocatorStats hostAllocatorStats() { return cache().stats(); }
+
+}  // namespace ptrain

@@ -1,0 +1,176 @@
+#include "ptrain/nn/attention.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "host_blas.h"
+#include "ptrain/nn/host_kernels.h"
+
+namespace ptrain::nn {
+namespace {
+
+using detail::gemm;
+
+// Rows of one head's product per BLAS call. OpenBLAS runs a product with
+// m * n * k below 4 * 65536 on the calling thread; above, it hands it to its
+// own thread pool, which would then compete with the threads this kernel
+// already spreads the heads over. Multiples of 8 keep the rows aligned to
+// its kernels' blocking.
+int64_t rowsPerCall(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kSingleThreadProduct = 4 * 65536;
+  int64_t rows = std::max<int64_t>(1, (kSingleThreadProduct - 1) / std::max<int64_t>(1, n * k));
+  if (rows >= 8) rows = rows / 8 * 8;
+  return std::min(rows, m);
+}
+
+// Runs body(head, firstRow, rows) over every head's m rows in blocks of at
+// most rowsPerCall, the blocks spread over the intra-op threads.
+template <typename Body>
+void forEachHeadBlock(int64_t heads, int64_t m, int64_t blockRows, const Body& body) {
+  const int64_t blocks = (m + blockRows - 1) / blockRows;
+  at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t head = task / blocks;
+      const int64_t first = (task % blocks) * blockRows;
+      body(head, first, std::min(blockRows, m - first));
+    }
+  });
+}
+
+// Where one (sample, head) lies in the fused tensors.
+struct HeadLayout {
+  int64_t batch, length, heads, dim;
+  int64_t qkvRow() const { return heads * 3 * dim; }  // between tokens in qkv
+  int64_t outRow() const { return heads * dim; }      // between tokens in the output
+  // Query of head `bh` (= sample * heads + head); key and value follow at +dim, +2 dim.
+  int64_t qkvOffset(int64_t bh) const { return (bh / heads) * length * qkvRow() + (bh % heads) * 3 * dim; }
+  int64_t outOffset(int64_t bh) const { return (bh / heads) * length * outRow() + (bh % heads) * dim; }
+  int64_t scoreOffset(int64_t bh) const { return bh * length * length; }
+};
+
+HeadLayout layoutOf(const at::Tensor& qkv, int64_t headDim) {
+  return {qkv.size(0), qkv.size(1), qkv.size(2) / (3 * headDim), headDim};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t headDim, double scale,
+                            const at::Tensor& mask) {
+    const HeadLayout L = layoutOf(qkv, headDim);
+    const int64_t T = L.length, d = L.dim, BH = L.batch * L.heads;
+    const float* x = qkv.data_ptr<float>();
+    at::Tensor scores = at::empty({BH, T, T}, qkv.options());
+    float* s = scores.data_ptr<float>();
+    const float alpha = static_cast<float>(scale);
+    // scores = scale * Q K^T, per head.
+    forEachHeadBlock(BH, T, rowsPerCall(T, T, d), [&](int64_t bh, int64_t r0, int64_t r) {
+      const float* q = x + L.qkvOffset(bh);
+      gemm(false, true, r, T, d, alpha, q + r0 * L.qkvRow(), L.qkvRow(), q + d, L.qkvRow(), 0.0f,
+           s + L.scoreOffset(bh) + r0 * T, T);
+    });
+    scores.add_(mask);
+    at::Tensor probs = at::_softmax(scores, -1, false);
+    scores = at::Tensor();
+    const float* p = probs.data_ptr<float>();
+    at::Tensor out = at::empty({L.batch, T, L.outRow()}, qkv.options());
+    float* o = out.data_ptr<float>();
+    // out = P V, per head, written where the output projection reads it.
+    forEachHeadBlock(BH, T, rowsPerCall(T, d, T), [&](int64_t bh, int64_t r0, int64_t r) {
+      const float* v = x + L.qkvOffset(bh) + 2 * d;
+      gemm(false, false, r, d, T, 1.0f, p + L.scoreOffset(bh) + r0 * T, T, v, L.qkvRow(), 0.0f,
+           o + L.outOffset(bh) + r0 * L.outRow(), L.outRow());
+    });
+    ctx->save_for_backward({qkv, probs});
+    ctx->saved_data["head_dim"] = headDim;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& qkv = saved[0];
+    const at::Tensor& probs = saved[1];
+    const int64_t headDim = ctx->saved_data["head_dim"].toInt();
+    const auto alpha = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const HeadLayout L = layoutOf(qkv, headDim);
+    const int64_t T = L.length, d = L.dim, BH = L.batch * L.heads;
+    const at::Tensor gradOut = grads[0].contiguous();
+    const float* x = qkv.data_ptr<float>();
+    const float* p = probs.data_ptr<float>();
+    const float* g = gradOut.data_ptr<float>();
+    // Every query, key and value entry is written below: no zeroing needed.
+    at::Tensor gradQkv = at::empty_like(qkv);
+    float* gx = gradQkv.data_ptr<float>();
+    at::Tensor gradProbs = at::empty({BH, T, T}, qkv.options());
+    float* gp = gradProbs.data_ptr<float>();
+    // dP = dO V^T and dV = P^T dO, per head.
+    forEachHeadBlock(BH, T, rowsPerCall(T, T, d), [&](int64_t bh, int64_t r0, int64_t r) {
+      const float* v = x + L.qkvOffset(bh) + 2 * d;
+      const float* go = g + L.outOffset(bh);
+      gemm(false, true, r, T, d, 1.0f, go + r0 * L.outRow(), L.outRow(), v, L.qkvRow(), 0.0f,
+           gp + L.scoreOffset(bh) + r0 * T, T);
+      gemm(true, false, r, d, T, 1.0f, p + L.scoreOffset(bh) + r0, T, go, L.outRow(), 0.0f,
+           gx + L.qkvOffset(bh) + 2 * d + r0 * L.qkvRow(), L.qkvRow());
+    });
+    // Through the softmax (masked entries have P = 0, so their gradient is 0).
+    at::Tensor gradScores = at::_softmax_backward_data(gradProbs, probs, -1, probs.scalar_type());
+    gradProbs = at::Tensor();
+    const float* gs = gradScores.data_ptr<float>();
+    // dQ = scale dS K and dK = scale dS^T Q, per head.
+    forEachHeadBlock(BH, T, rowsPerCall(T, d, T), [&](int64_t bh, int64_t r0, int64_t r) {
+      const float* q = x + L.qkvOffset(bh);
+      float* gq = gx + L.qkvOffset(bh);
+      gemm(false, false, r, d, T, alpha, gs + L.scoreOffset(bh) + r0 * T, T, q + d, L.qkvRow(), 0.0f,
+           gq + r0 * L.qkvRow(), L.qkvRow());
+      gemm(true, false, r, d, T, alpha, gs + L.scoreOffset(bh) + r0, T, q, L.qkvRow(), 0.0f,
+           gq + d + r0 * L.qkvRow(), L.qkvRow());
+    });
+    return {gradQkv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool fitsBlasInt(int64_t v) { return v <= std::numeric_limits<int>::max(); }
+
+}  // namespace
+
+bool hostAttentionApplies(const at::Tensor& qkv) {
+  return hostKernelsEnabled() && qkv.defined() && qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 &&
+         qkv.is_contiguous() && fitsBlasInt(qkv.size(2)) && fitsBlasInt(qkv.size(1));
+}
+
+at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask,
+                            const std::function<at::Tensor(const at::Tensor&)>& dropProbs) {
+  const int64_t batch = qkv.size(0), length = qkv.size(1), heads = qkv.size(2) / (3 * headDim);
+  // [B, T, heads, 3, d] -> [3, B, heads, T, d]; unbind, not three selects: its
+  // backward stacks the three gradients once instead of scattering each into
+  // a zero tensor of the whole size.
+  auto parts = qkv.view({batch, length, heads, 3, headDim}).permute({3, 0, 2, 1, 4}).unbind(0);
+  at::Tensor q = parts[0].reshape({batch * heads, length, headDim});
+  at::Tensor k = parts[1].reshape({batch * heads, length, headDim});
+  at::Tensor v = parts[2].reshape({batch * heads, length, headDim});
+  // One batched product that also applies the scale and adds the mask.
+  at::Tensor scores = torch::baddbmm(additiveMask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+  at::Tensor probs = torch::softmax(scores, -1);
+  if (dropProbs) probs = dropProbs(probs);
+  return torch::bmm(probs, v)  // [B * heads, T, d]
+      .view({batch, heads, length, headDim})
+      .permute({0, 2, 1, 3})
+      .reshape({batch, length, heads * headDim});
+}
+
+at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask) {
+  PTRAIN_CHECK(qkv.dim() == 3 && headDim > 0 && qkv.size(2) % (3 * headDim) == 0,
+               "attention: qkv of shape ", qkv.sizes(), " is not [batch, length, heads * 3 * ", headDim, "]");
+  PTRAIN_CHECK(additiveMask.dim() == 2 && additiveMask.size(0) == qkv.size(1) && additiveMask.size(1) == qkv.size(1),
+               "attention: mask of shape ", additiveMask.sizes(), " for length ", qkv.size(1));
+  if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat) {
+    return HostAttentionFn::apply(qkv, headDim, scale, additiveMask);
+  }
+  return batchedAttention(qkv, headDim, scale, additiveMask);
+}
+
+}  // namespace ptrain::nn
