@@ -72,6 +72,8 @@ TEST(HostTuning, OpenMpThreadsSleepUnlessTheUserSaysOtherwise) {
     ScopedEnv unset("OMP_WAIT_POLICY", nullptr);
     const auto t = hostTuning();
     EXPECT_TRUE(hasEntry(t, "OMP_WAIT_POLICY=PASSIVE"));
+    // With ptrain's host kernels OpenMP is the only pool: its default wait stays.
+    EXPECT_FALSE(hasEntry(hostTuning(/*oneThreadPool=*/true), "OMP_WAIT_POLICY="));
   }
   ScopedEnv active("OMP_WAIT_POLICY", "ACTIVE");
   EXPECT_FALSE(hasEntry(hostTuning(), "OMP_WAIT_POLICY="));

@@ -125,16 +125,22 @@ double matmulPeak(int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The settings ptrain's launcher gives its workers (launch/host_tuning.h)
-  // apply to this process too, and so to the matmul peak and to eager, which
-  // inherits them: all three then run the same BLAS kernels and threads. The
-  // BLAS reads them when it is loaded, so the bench starts itself again.
+  // The BLAS kernels ptrain's launcher chooses for its workers
+  // (launch/host_tuning.h) apply to this process too, and so to the matmul
+  // peak and to eager, which inherits them: all three run the same BLAS
+  // kernels. The BLAS reads the setting when it is loaded, so the bench starts
+  // itself again. The OpenMP wait policy is not set here: ptrain's launcher
+  // chooses its workers' own, and eager gets the one for libtorch's two
+  // thread pools on its command line (below).
   const ptrain::HostTuning tuning = ptrain::hostTuning();
-  if (!tuning.env.empty()) {
-    for (const auto& e : tuning.env) {
-      const auto eq = e.find('=');
-      setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
-    }
+  bool restart = false;
+  for (const auto& e : tuning.env) {
+    const auto eq = e.find('=');
+    if (e.compare(0, eq, "OMP_WAIT_POLICY") == 0) continue;
+    setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+    restart = true;
+  }
+  if (restart) {
     for (const auto& note : tuning.notes) std::fprintf(stderr, "bench: %s\n", note.c_str());
     execv("/proc/self/exe", argv);
     std::fprintf(stderr, "bench: cannot restart itself with the tuned environment; continuing without it\n");
@@ -174,9 +180,13 @@ int main(int argc, char** argv) {
       rss = std::max(rss, run.rss_mb);
       ptrainStep = std::min(ptrainStep, run.step_s);
 
-      // Eager inherits the environment main() set up: the same OpenMP and
-      // BLAS settings as ptrain's workers.
+      // Eager inherits the BLAS kernels main() chose and runs with the
+      // OpenMP setting ptrain's launcher gives workers that use libtorch's
+      // own ops (two thread pools: passive waiting, its better choice).
       std::ostringstream py;
+      for (const auto& e : ptrain::hostTuning(/*oneThreadPool=*/false).env) {
+        if (e.rfind("OMP_WAIT_POLICY=", 0) == 0) py << e << " ";
+      }
       py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
          << s.hidden << " --heads " << s.heads << " --seq " << s.seq << " --batch " << s.batch << " --steps " << s.steps
          << " --warmup " << warmup << " --threads " << threads;

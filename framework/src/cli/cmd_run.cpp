@@ -110,6 +110,7 @@ int cmdRun(const RunArgs& args) {
   launch.node_rank = args.launch.node_rank;
   if (!args.launch.master_addr.empty()) launch.master_addr = args.launch.master_addr;
   launch.master_port = args.launch.master_port;
+  launch.one_thread_pool = prepared.recipe.getString("cpu.kernels") == "ptrain";
   launch.command = {selfExe(), "run", args.recipe};
   for (const auto& o : args.overrides) launch.command.push_back(o);
   launch.command.push_back("--run-dir");

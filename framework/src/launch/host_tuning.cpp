@@ -50,9 +50,9 @@ std::string openblasCoreInUse() {
   return name == nullptr ? "" : lower(name);
 }
 
-HostTuning hostTuning() {
+HostTuning hostTuning(bool oneThreadPool) {
   HostTuning t;
-  if (!isSet("OMP_WAIT_POLICY")) t.env.emplace_back("OMP_WAIT_POLICY=PASSIVE");
+  if (!oneThreadPool && !isSet("OMP_WAIT_POLICY")) t.env.emplace_back("OMP_WAIT_POLICY=PASSIVE");
   if (!isSet("OPENBLAS_CORETYPE")) {
     const std::string inUse = openblasCoreInUse();
     const std::string best = openblasCoreTypeForCpu();

@@ -608,7 +608,7 @@ int launchWorkers(const LaunchOptions& options) {
     if (ownKeys.count(envKey(entry)) == 0) baseEnv.push_back(std::move(entry));
   }
 
-  const HostTuning tuning = hostTuning();
+  const HostTuning tuning = hostTuning(options.one_thread_pool);
   for (const auto& note : tuning.notes) logger()->info("{}", note);
   std::vector<ChildPlan> plans(static_cast<size_t>(nproc));
   for (int local = 0; local < nproc; ++local) {

@@ -1,9 +1,12 @@
 // Environment settings that make libtorch's math libraries use this host
 // well, given to every worker process the launcher starts.
 //
-// - OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning;
-//   libtorch's OpenMP pool and OpenBLAS's own threads share the rank's cores,
-//   and spinning OpenMP threads take them from the GEMMs.
+// - OMP_WAIT_POLICY=PASSIVE, where two thread pools share the cores: idle
+//   OpenMP threads sleep instead of spinning, as libtorch's OpenMP pool and
+//   OpenBLAS's own threads take turns at the rank's cores and spinning OpenMP
+//   threads take them from the GEMMs. Not with ptrain's host kernels
+//   (nn/host_kernels.h), where OpenMP is the only pool: there OpenMP's default
+//   (spin briefly, then sleep) hands work to its threads sooner.
 // - OPENBLAS_CORETYPE: OpenBLAS picks its kernels from the CPU's model
 //   number, and a release older than the CPU (Debian 12's 0.3.21 on Sapphire
 //   Rapids, for one) falls back to its SSE3 "Prescott" kernels, several times
@@ -28,7 +31,8 @@ struct HostTuning {
 
 // What to add to the workers' environment, from this process's environment,
 // its CPU and the OpenBLAS it has loaded (none of it when BLAS is not OpenBLAS).
-PTRAIN_API HostTuning hostTuning();
+// `oneThreadPool`: the workers run ptrain's host kernels.
+PTRAIN_API HostTuning hostTuning(bool oneThreadPool = false);
 
 // The OpenBLAS kernel set this CPU's features support ("SkylakeX", "Haswell",
 // "Sandybridge"), or "" for none of them.

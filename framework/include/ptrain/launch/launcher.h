@@ -31,6 +31,9 @@ struct LaunchOptions {
   std::vector<std::string> extra_env;  // "KEY=VALUE" added to every worker
   double grace_seconds = 5;            // SIGTERM -> SIGKILL delay when stopping workers
   bool prefix_output = true;           // "[rank R] " before each line of worker output
+  // The workers run ptrain's host kernels (cpu.kernels: ptrain): one thread
+  // pool, so OpenMP keeps its default wait (see launch/host_tuning.h).
+  bool one_thread_pool = false;
 };
 
 // Runs the workers until all exit. Returns 0 when every worker exited 0;
