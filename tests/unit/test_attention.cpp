@@ -102,6 +102,19 @@ TEST(Attention, OtherTensorsTakeTheLibtorchPath) {
   EXPECT_FALSE(hostAttentionApplies(torch::randn({2, 4, 18})));  // kernels off
 }
 
+TEST(Attention, LearnedMaskGetsItsGradient) {
+  ASSERT_TRUE(ptrain::nn::setHostKernels(true));
+  torch::manual_seed(12);
+  at::Tensor qkv = torch::randn({2, 6, 2 * 3 * 4});
+  at::Tensor mask = torch::randn({6, 6}).requires_grad_(true);
+  at::Tensor ref = mask.detach().clone().requires_grad_(true);
+  multiHeadAttention(qkv, 4, 0.5, mask).sum().backward();
+  perHeadReference(qkv, 4, 0.5, ref).sum().backward();
+  ASSERT_TRUE(mask.grad().defined());
+  EXPECT_TRUE(torch::allclose(mask.grad(), ref.grad(), 1e-4, 1e-5));
+  ptrain::nn::setHostKernels(false);
+}
+
 TEST(Attention, BadShapesAreOneClearError) {
   EXPECT_THROW(multiHeadAttention(torch::randn({2, 4, 10}), 3, 1.0, causalMask(4)), ptrain::Error);
   EXPECT_THROW(multiHeadAttention(torch::randn({2, 4, 18}), 3, 1.0, causalMask(5)), ptrain::Error);

@@ -73,6 +73,14 @@ TEST(HostKernels, LinearSplitsRowsAndFeaturesOverThreads) {
 
 TEST(HostKernels, LinearWithFrozenWeight) { compare({4, 9}, 6, true, /*weightGrad=*/false); }
 
+TEST(HostKernels, BroadcastBiasTakesLibtorchsPath) {
+  torch::manual_seed(4);
+  at::Tensor x = torch::randn({5, 7}), w = torch::randn({3, 7}), b = torch::randn({1});
+  ptrain::nn::setHostKernels(true);
+  EXPECT_TRUE(torch::allclose(ptrain::nn::linear(x, w, b), at::linear(x, w, b), 1e-5, 1e-6));
+  ptrain::nn::setHostKernels(false);
+}
+
 TEST(HostKernels, NonContiguousInputAndOtherDtypes) {
   torch::manual_seed(3);
   at::Tensor x = torch::randn({7, 4, 5}).transpose(0, 1);  // [4, 7, 5], not contiguous

@@ -105,7 +105,9 @@ class CachingHostAllocator final : public c10::Allocator {
 }  // namespace
 
 size_t hostAllocationClass(size_t bytes) {
-  if (bytes < kMinCachedBytes) return bytes;
+  // Below the threshold, and beyond any real request (where rounding up
+  // would overflow), as asked.
+  if (bytes < kMinCachedBytes || bytes > (size_t{1} << 60)) return bytes;
   // Eight classes per power of two: round up to a multiple of 1/8 of the
   // largest power of two not above `bytes`.
   size_t top = size_t{1} << (63 - __builtin_clzll(bytes));

@@ -629,7 +629,10 @@ int launchWorkers(const LaunchOptions& options) {
     put("MASTER_PORT", std::to_string(port));
     put("PTRAIN_WORKER", "1");
     // Thread and BLAS kernel settings for this host (launch/host_tuning.h).
-    for (const auto& e : tuning.env) plan.envStore.push_back(e);
+    // extra_env wins: its keys are in ownKeys.
+    for (const auto& e : tuning.env) {
+      if (ownKeys.count(envKey(e)) == 0) plan.envStore.push_back(e);
+    }
     if (rank == 0 && stdoutIsTty) put("PTRAIN_PROGRESS_TTY", "1");
     for (const auto& e : options.extra_env) plan.envStore.push_back(e);
     plan.finalize();

@@ -139,7 +139,7 @@ bool fitsBlasInt(int64_t v) { return v <= std::numeric_limits<int>::max(); }
 
 bool hostAttentionApplies(const at::Tensor& qkv) {
   return hostKernelsEnabled() && qkv.defined() && qkv.is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 3 &&
-         qkv.is_contiguous() && fitsBlasInt(qkv.size(2)) && fitsBlasInt(qkv.size(1));
+         qkv.is_contiguous() && qkv.numel() > 0 && fitsBlasInt(qkv.size(2)) && fitsBlasInt(qkv.size(1));
 }
 
 at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask,
@@ -167,7 +167,9 @@ at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double sca
                "attention: qkv of shape ", qkv.sizes(), " is not [batch, length, heads * 3 * ", headDim, "]");
   PTRAIN_CHECK(additiveMask.dim() == 2 && additiveMask.size(0) == qkv.size(1) && additiveMask.size(1) == qkv.size(1),
                "attention: mask of shape ", additiveMask.sizes(), " for length ", qkv.size(1));
-  if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat) {
+  // The host kernel gives the mask no gradient: a learned mask takes libtorch's path.
+  if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat &&
+      !additiveMask.requires_grad()) {
     return HostAttentionFn::apply(qkv, headDim, scale, additiveMask);
   }
   return batchedAttention(qkv, headDim, scale, additiveMask);

@@ -40,7 +40,13 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
 bool setBlasSingleThreaded(bool single) {
   static const auto set = lookup<SetThreadsFn>("openblas_set_num_threads");
   static const auto get = lookup<GetThreadsFn>("openblas_get_num_threads");
+  static const auto parallelKind = lookup<GetThreadsFn>("openblas_get_parallel");
   if (set == nullptr || get == nullptr) return false;
+  // 0: a sequential build; 2: the OpenMP build, which runs on the calling
+  // thread inside a parallel region by itself, and whose set_num_threads
+  // would also set libtorch's OpenMP thread count. Only the pthreads build (1)
+  // needs holding to one thread.
+  if (parallelKind != nullptr && parallelKind() != 1) return true;
   static std::mutex mutex;
   static int saved = 0;  // OpenBLAS's own count while ptrain holds it at 1
   std::lock_guard<std::mutex> lock(mutex);

@@ -87,7 +87,10 @@ bool hostLinearApplies(const at::Tensor& x, const at::Tensor& weight, const at::
   if (!enabledFlag.load(std::memory_order_relaxed)) return false;
   auto isHostFloat = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; };
   if (!isHostFloat(x) || !isHostFloat(weight) || weight.dim() != 2 || !weight.is_contiguous()) return false;
-  if (bias.defined() && (!isHostFloat(bias) || bias.dim() != 1 || !bias.is_contiguous())) return false;
+  if (bias.defined() && (!isHostFloat(bias) || bias.dim() != 1 || !bias.is_contiguous() ||
+                         bias.size(0) != weight.size(0))) {
+    return false;  // at::linear broadcasts, or says what is wrong
+  }
   if (x.dim() < 1 || x.size(-1) != weight.size(1) || x.numel() == 0 || weight.numel() == 0) return false;
   return fitsBlasInt(x.numel() / x.size(-1)) && fitsBlasInt(weight.size(0)) && fitsBlasInt(weight.size(1));
 }

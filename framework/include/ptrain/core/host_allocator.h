@@ -8,7 +8,9 @@
 // 64 KiB and more in free lists by size class (eight classes per power of two,
 // so a block is at most 12.5% larger than asked) and hands them out again:
 // after the first step, a step whose tensor sizes repeat allocates nothing
-// from the system.
+// from the system. Freed blocks stay with the process until
+// releaseCachedHostMemory() or its end: a phase with new sizes (evaluation,
+// a last partial batch) adds its own classes.
 //
 // Installed per worker process by `cpu.allocator: caching` (the default);
 // tensors allocated before keep their own deleter and are freed as before.
