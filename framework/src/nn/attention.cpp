@@ -11,6 +11,7 @@
 namespace ptrain::nn {
 namespace {
 
+using detail::fitsBlasInt;
 using detail::gemm;
 
 // Rows of one head's product per BLAS call. OpenBLAS runs a product with
@@ -132,8 +133,6 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
     return {gradQkv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-
-bool fitsBlasInt(int64_t v) { return v <= std::numeric_limits<int>::max(); }
 
 }  // namespace
 

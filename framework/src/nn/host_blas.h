@@ -10,6 +10,9 @@ namespace ptrain::nn::detail {
 // True when sgemm_ was found.
 bool blasAvailable();
 
+// True when a dimension or leading dimension fits the BLAS's 32-bit integers.
+inline bool fitsBlasInt(int64_t v) { return v >= 0 && v <= 2147483647; }
+
 // Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C, where
 // op(X) is X or, when trans*, the transpose of the stored matrix.
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

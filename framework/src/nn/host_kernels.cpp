@@ -23,8 +23,7 @@ void splitRows(int64_t n, const Body& body) {
   at::parallel_for(0, n, kMinRowsPerThread, [&](int64_t begin, int64_t end) { body(begin, end - begin); });
 }
 
-bool fitsBlasInt(int64_t v) { return v <= std::numeric_limits<int>::max(); }
-
+using detail::fitsBlasInt;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
