@@ -16,7 +16,6 @@
 using ptrain::clipCoefficient;
 using ptrain::globalGradNorm;
 using ptrain::learningRate;
-using ptrain::Optimizer;
 using ptrain::OptimizerOptions;
 
 namespace {
@@ -88,7 +87,7 @@ void compareAdamw(at::ScalarType dtype, double scale, double rtol, double atol) 
   const OptimizerOptions o = adamwOptions();
   auto mine = makeParams(dtype);
   auto ref = cloneParams(mine);
-  Optimizer optimizer(named(mine), o);
+  auto optimizer = ptrain::makeOptimizer(named(mine), o);
   auto makeOptions = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd));
@@ -101,12 +100,12 @@ void compareAdamw(at::ScalarType dtype, double scale, double rtol, double atol) 
       torch::NoGradGuard noGrad;
       for (auto& p : ref) p.mutable_grad().mul_(scale);
     }
-    optimizer.step(o.lr, scale);
+    optimizer->step(o.lr, scale);
     reference.step();
   }
   expectClose(mine, ref, rtol, atol);
   // The moments are what a checkpoint saves: they match as well.
-  auto state = optimizer.state();
+  auto state = optimizer->state();
   const auto& refState =
       static_cast<torch::optim::AdamWParamState&>(*reference.state().at(c10::guts::to_string(ref[0].unsafeGetTensorImpl())));
   EXPECT_TRUE(torch::allclose(state[0].second, refState.exp_avg(), rtol, atol));
@@ -136,13 +135,13 @@ TEST(Optimizer, FusedAdamwSplitsLargeTensorsAcrossThreads) {
   torch::manual_seed(3);
   at::Tensor p = torch::randn({100003}).requires_grad_(true);
   at::Tensor ref = p.detach().clone().requires_grad_(true);
-  Optimizer optimizer({{"w", p}}, o);
+  auto optimizer = ptrain::makeOptimizer({{"w", p}}, o);
   torch::optim::AdamW reference(std::vector<at::Tensor>{ref},
                                 torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(0.0));
   for (int step = 0; step < 3; ++step) {
     setGrads({p}, step);
     setGrads({ref}, step);
-    optimizer.step(o.lr);
+    optimizer->step(o.lr);
     reference.step();
   }
   at::set_num_threads(before);
@@ -151,11 +150,11 @@ TEST(Optimizer, FusedAdamwSplitsLargeTensorsAcrossThreads) {
 
 TEST(Optimizer, ParametersWithoutGradientAreLeftAlone) {
   auto params = makeParams(torch::kFloat32);
-  Optimizer optimizer(named(params), adamwOptions());
+  auto optimizer = ptrain::makeOptimizer(named(params), adamwOptions());
   const at::Tensor before = params[1].detach().clone();
   setGrads(params, 0);
   params[1].mutable_grad() = at::Tensor();
-  optimizer.step(1e-2);
+  optimizer->step(1e-2);
   EXPECT_TRUE(torch::equal(params[1], before));
   EXPECT_FALSE(torch::equal(params[0], makeParams(torch::kFloat32)[0]));
 }
@@ -170,7 +169,7 @@ TEST(Optimizer, SgdWithMomentumAndWeightDecayMatchesLibtorchSgd) {
     o.momentum = momentum;
     auto mine = makeParams(torch::kFloat32);
     auto ref = cloneParams(mine);
-    Optimizer optimizer(named(mine), o);
+    auto optimizer = ptrain::makeOptimizer(named(mine), o);
     auto makeOptions = [&](double wd) {
       return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(o.lr).momentum(momentum).weight_decay(wd));
     };
@@ -178,7 +177,7 @@ TEST(Optimizer, SgdWithMomentumAndWeightDecayMatchesLibtorchSgd) {
     for (int step = 0; step < 5; ++step) {
       setGrads(mine, step);
       setGrads(ref, step);
-      optimizer.step(o.lr);
+      optimizer->step(o.lr);
       reference.step();
     }
     expectClose(mine, ref, 1e-5, 1e-6);

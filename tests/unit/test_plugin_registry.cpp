@@ -41,7 +41,8 @@ TEST(PluginRegistry, FindsTheExamplePluginAndCreatesIt) {
 TEST(PluginRegistry, RefusesWrongAbiVersion) {
   std::string lib = fixture("bad_abi/libfixture_bad_abi.so");
   EXPECT_EQ(loadError([&] { ptrain::PluginRegistry::inspect(lib); }),
-            lib + ": plugin ABI version 999, this ptrain needs 1: rebuild the plugin against this ptrain");
+            lib + ": plugin ABI version 999, this ptrain needs " + std::to_string(ptrain::kPluginAbiVersion) +
+                ": rebuild the plugin against this ptrain");
 }
 
 TEST(PluginRegistry, RefusesLibraryWithoutDescriptor) {
@@ -111,5 +112,6 @@ TEST(PluginRegistry, PluginsCommandRefusesBrokenPluginWithOneLine) {
   auto r = ptrain::test::runPtrain({"plugins", "--path", fixture("bad_abi")});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, "ptrain: " + fixture("bad_abi/libfixture_bad_abi.so") +
-                          ": plugin ABI version 999, this ptrain needs 1: rebuild the plugin against this ptrain\n");
+                          ": plugin ABI version 999, this ptrain needs " + std::to_string(ptrain::kPluginAbiVersion) +
+                          ": rebuild the plugin against this ptrain\n");
 }

@@ -456,6 +456,17 @@ TEST(VocabParallelCrossEntropy, OneRankIsTorchCrossEntropyOverRealEntries) {
 
 // ---- applyTensorParallel on a StagedModel ----
 
+// The tensor-parallel split of every parameter the placement records one for.
+std::map<std::string, ptrain::ShardSpec> tensorShards(ptrain::StagedModel& model) {
+  std::map<std::string, ptrain::ShardSpec> out;
+  for (const auto& item : model.module().named_parameters()) {
+    if (const auto* spec = model.placement.of(item.key()).shardAlong(ptrain::GroupKind::kTensor)) {
+      out.emplace(item.key(), *spec);
+    }
+  }
+  return out;
+}
+
 // embed (vocab-parallel) -> LayerNorm -> column -> gelu -> row -> tied head.
 class ToyModel : public ptrain::StagedModel {
  public:
@@ -522,15 +533,16 @@ TEST_P(TpSizes, ApplyTensorParallelShardsInPlaceAndMatchesOneRank) {
     std::vector<std::string> partial = nn::applyTensorParallel(model, tp);
     EXPECT_TRUE(partial.empty());  // no sequence parallelism
     EXPECT_EQ(model.root_->up->weight.unsafeGetTensorImpl(), impl) << "the parameter object is kept";
-    ASSERT_EQ(model.shard_specs.size(), 4u);
-    const auto& spec = model.shard_specs.at("down.weight");
+    const auto shards = tensorShards(model);
+    ASSERT_EQ(shards.size(), 4u);
+    const auto& spec = shards.at("down.weight");
     EXPECT_EQ(spec.dim, 1);
     EXPECT_EQ(spec.num_shards, n);
     EXPECT_EQ(spec.index, r);
     EXPECT_EQ(spec.full_size, 8);
-    EXPECT_EQ(model.shard_specs.count("down.bias"), 0u);
-    EXPECT_EQ(model.shard_specs.at("up.bias").dim, 0);
-    EXPECT_EQ(model.shard_specs.at("emb.weight").full_size, 8);
+    EXPECT_EQ(shards.count("down.bias"), 0u);
+    EXPECT_EQ(shards.at("up.bias").dim, 0);
+    EXPECT_EQ(shards.at("emb.weight").full_size, 8);
     EXPECT_EQ(model.state_, tp);
 
     ptrain::LossOutput out = model.forward(batch);
@@ -538,9 +550,9 @@ TEST_P(TpSizes, ApplyTensorParallelShardsInPlaceAndMatchesOneRank) {
     out.loss_sum.backward();
     auto fullParams = full.module().named_parameters();
     for (const auto& p : model.module().named_parameters()) {
-      auto it = model.shard_specs.find(p.key());
+      auto it = shards.find(p.key());
       at::Tensor expected = fullParams[p.key()].grad();
-      if (it != model.shard_specs.end()) expected = sliceOf(expected, it->second.dim, r, n);
+      if (it != shards.end()) expected = sliceOf(expected, it->second.dim, r, n);
       expectClose(p.value().grad(), expected, "grad of " + p.key(), 1e-5);
     }
   });
@@ -654,10 +666,11 @@ TEST_P(GptTensorParallel, GradientsAreSlicesOfTheSingleRankGradients) {
     auto fullParams = full->module().named_parameters();
     ASSERT_EQ(named.size(), fullParams.size());
     size_t split = 0;
+    const auto shards = tensorShards(*model);
     for (const auto& p : named) {
       at::Tensor expected = fullParams[p.key()].grad();
-      auto it = model->shard_specs.find(p.key());
-      if (it != model->shard_specs.end()) {
+      auto it = shards.find(p.key());
+      if (it != shards.end()) {
         expected = sliceOf(expected, it->second.dim, tp->rank, tp->size);
         ++split;
       }

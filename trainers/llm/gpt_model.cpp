@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -129,17 +131,19 @@ at::Tensor GptHeadImpl::forward(const at::Tensor& hidden) {
 
 // ---- root ----
 
-GptModuleImpl::GptModuleImpl(const GptConfig& c) {
-  // Creation order fixes the order in which weights are drawn: embed, blocks, head.
-  embed = register_module("embed", GptEmbedding(c));
-  blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_layers; ++i) blocks->push_back(GptBlock(c));
-  head = register_module("head", GptHead(c, embed->tokens));
+GptModuleImpl::GptModuleImpl(const GptConfig& c, const ModelBuild& build) {
+  // Registration order is the parameter order: embed, blocks, head.
+  if (build.embed || (build.head && c.tie_embeddings)) embed = register_module("embed", GptEmbedding(c));
+  blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
+  for (int i = 0; i < static_cast<int>(c.num_layers); ++i) {
+    if (build.buildsBlock(i)) built.emplace(i, blocks->register_module(std::to_string(i), GptBlock(c)));
+  }
+  if (build.head) head = register_module("head", GptHead(c, embed ? embed->tokens : nn::VocabParallelEmbedding(nullptr)));
 }
 
 // ---- model ----
 
-GptModel::GptModel(const GptConfig& config) : config_(config) {
+GptModel::GptModel(const GptConfig& config, const ModelBuild& build) : config_(config) {
   const GptConfig& c = config_;
   PTRAIN_CHECK_AS(ConfigError, c.vocab_size >= 1, "model.vocab_size: ", c.vocab_size, " must be >= 1");
   PTRAIN_CHECK_AS(ConfigError, c.seq_length >= 1, "model.seq_length: ", c.seq_length, " must be >= 1");
@@ -150,7 +154,11 @@ GptModel::GptModel(const GptConfig& config) : config_(config) {
                   c.num_heads, "; use a multiple such as ", c.num_heads * std::max<int64_t>(1, c.hidden_size / c.num_heads));
   PTRAIN_CHECK_AS(ConfigError, c.dropout >= 0 && c.dropout < 1, "model.dropout: ", c.dropout,
                   " is out of range; use [0, 1)");
-  root_ = GptModule(c);
+  // One draw of the default generator seeds every parameter's own stream.
+  const uint64_t baseSeed = static_cast<uint64_t>(torch::randint(std::numeric_limits<int64_t>::max(), {1},
+                                                                  torch::kInt64).item<int64_t>());
+  root_ = GptModule(c, build);
+  initialise(baseSeed);
   const float negInf = -std::numeric_limits<float>::infinity();
   mask_ = torch::full({c.seq_length, c.seq_length}, negInf).triu(1);
 }
@@ -160,6 +168,54 @@ GptModel::~GptModel() = default;
 torch::nn::Module& GptModel::module() { return *root_; }
 
 int GptModel::numBlocks() const { return static_cast<int>(config_.num_layers); }
+
+int64_t GptModel::blockCost(int) {
+  const int64_t h = config_.hidden_size, f = config_.ffnSize();
+  // ln1, ln2; qkv; proj; fc1; fc2 (weights and biases).
+  return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
+}
+
+namespace {
+
+// FNV-1a: a stable hash of a parameter's name for its seed.
+uint64_t nameHash(const std::string& name) {
+  uint64_t hash = 1469598037103934211ULL;
+  for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ULL;
+  return hash;
+}
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void GptModel::initialise(uint64_t baseSeed) {
+  torch::NoGradGuard noGrad;
+  for (auto& item : root_->named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool layerNorm = name.find("ln1.") != std::string::npos || name.find("ln2.") != std::string::npos ||
+                           name.find("ln_f.") != std::string::npos;
+    if (endsWith(name, ".bias")) {
+      p.zero_();
+    } else if (layerNorm) {
+      p.fill_(1.0);
+    } else {
+      // Drawn on the host, so every device gets the same values.
+      at::Generator generator = at::detail::createCPUGenerator(baseSeed ^ nameHash(name));
+      const bool residual = endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.fc2.weight");
+      at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
+      values.normal_(0.0, residual ? residualStd(config_) : config_.init_std, generator);
+      p.copy_(values);
+    }
+  }
+}
+
+at::Device GptModel::device() {
+  for (const auto& p : root_->parameters()) return p.device();
+  return at::kCPU;
+}
 
 std::string GptModel::blockPrefix(int index) const { return "blocks." + std::to_string(index) + "."; }
 
@@ -182,6 +238,7 @@ const at::Tensor& GptModel::causalMask(int64_t length, const at::Tensor& like) {
 }
 
 at::Tensor GptModel::embed(const Batch& micro) {
+  PTRAIN_CHECK(root_->embed, "gpt: embed() on a rank that did not build the embedding");
   const at::Tensor& ids = micro.at("tokens");
   PTRAIN_CHECK(ids.dim() == 2, "gpt: tokens must be [batch, length], got ", ids.sizes());
   PTRAIN_CHECK(ids.size(1) <= config_.seq_length, "gpt: input of length ", ids.size(1),
@@ -191,11 +248,14 @@ at::Tensor GptModel::embed(const Batch& micro) {
 
 at::Tensor GptModel::runBlock(int index, const at::Tensor& hidden) {
   PTRAIN_CHECK(index >= 0 && index < numBlocks(), "gpt: block ", index, " out of range [0, ", numBlocks(), ")");
+  auto it = root_->built.find(index);
+  PTRAIN_CHECK(it != root_->built.end(), "gpt: block ", index, " is not built on this rank");
   const at::Tensor& mask = causalMask(hidden.size(1), hidden);
-  return root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(index))->forward(hidden, mask);
+  return it->second->forward(hidden, mask);
 }
 
 LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
+  PTRAIN_CHECK(root_->head, "gpt: head() on a rank that did not build the head");
   at::Tensor logits = root_->head(hidden);
   const at::Tensor& targets = micro.at("targets");
   const at::Tensor& lossMask = micro.at("loss_mask");
@@ -212,9 +272,9 @@ LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
 
 TensorParallelPlan GptModel::tensorParallelPlan() {
   TensorParallelPlan plan;
-  plan.layers.emplace_back("embed.tokens.", root_->embed->tokens.get());
-  for (int i = 0; i < numBlocks(); ++i) {
-    auto* block = root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(i)).get();
+  if (root_->embed) plan.layers.emplace_back("embed.tokens.", root_->embed->tokens.get());
+  for (auto& [i, built] : root_->built) {
+    GptBlockImpl* block = built.get();
     const std::string prefix = blockPrefix(i);
     plan.layers.emplace_back(prefix + "attn.qkv.", block->attn->qkv.get());
     plan.layers.emplace_back(prefix + "attn.proj.", block->attn->proj.get());
@@ -225,9 +285,11 @@ TensorParallelPlan GptModel::tensorParallelPlan() {
       plan.sequence_parallel_params.push_back(prefix + ln + "bias");
     }
   }
-  if (root_->head->lm) plan.layers.emplace_back("head.lm.", root_->head->lm.get());
-  plan.sequence_parallel_params.push_back("head.ln_f.weight");
-  plan.sequence_parallel_params.push_back("head.ln_f.bias");
+  if (root_->head) {
+    if (root_->head->lm) plan.layers.emplace_back("head.lm.", root_->head->lm.get());
+    plan.sequence_parallel_params.push_back("head.ln_f.weight");
+    plan.sequence_parallel_params.push_back("head.ln_f.bias");
+  }
   return plan;
 }
 
@@ -242,8 +304,8 @@ void GptModel::setTensorParallel(TensorParallelStatePtr state) {
                     " is not divisible by parallel.tensor_model_parallel_size=", size, "; use model.seq_length=",
                     (config_.seq_length + size - 1) / size * size);
   }
-  root_->embed->setTensorParallel(state);
-  for (int i = 0; i < numBlocks(); ++i) root_->blocks->ptr<GptBlockImpl>(static_cast<size_t>(i))->setTensorParallel(state);
+  if (root_->embed) root_->embed->setTensorParallel(state);
+  for (auto& [i, block] : root_->built) block->setTensorParallel(state);
   tp_ = std::move(state);
 }
 
@@ -262,7 +324,7 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
   if (rows == 0 || maxNew <= 0) return generated;
 
   const int64_t capacity = config_.seq_length;
-  const at::Device device = root_->embed->tokens->weight.device();
+  const at::Device device = this->device();
   at::Tensor buffer = torch::full({rows, capacity}, padId, torch::kInt64);
   std::vector<int64_t> length(prompts.size());
   std::vector<char> active(prompts.size(), 1);

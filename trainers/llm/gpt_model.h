@@ -40,19 +40,22 @@
 //
 // Initialisation (GPT-2): weights ~ N(0, init_std), position embeddings too,
 // biases 0, LayerNorm 1/0, attn.proj and mlp.fc2 weights ~ N(0, init_std /
-// sqrt(2 * num_layers)). Everything is drawn from torch's default generator in
-// a fixed order, so equal torch::manual_seed gives equal weights.
+// sqrt(2 * num_layers)). Each parameter is drawn from a generator of its own,
+// seeded by the model's base seed and the parameter's name; the base seed is
+// one draw from torch's default generator. So equal torch::manual_seed gives
+// equal weights, and a pipeline stage that builds only some blocks
+// (ModelBuild) gets exactly the values the whole model has there.
 //
 // Thread-safety: one thread at a time (torch modules are not thread-safe).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -172,26 +175,32 @@ class GptHeadImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptHead);
 
-// The root module: owns embed, blocks, head.
+// The root module: owns the parts `build` names. Blocks are registered
+// under their index in the whole model ("blocks.5"), whichever others exist.
+// A tied head needs the token embedding, so the head's stage builds the
+// embedding too (a pipeline releases what the stage does not own).
 class GptModuleImpl : public torch::nn::Module {
  public:
-  explicit GptModuleImpl(const GptConfig& config);
+  GptModuleImpl(const GptConfig& config, const ModelBuild& build);
 
-  GptEmbedding embed{nullptr};
-  torch::nn::ModuleList blocks{nullptr};
-  GptHead head{nullptr};
+  GptEmbedding embed{nullptr};                 // null when not built
+  std::shared_ptr<torch::nn::Module> blocks;   // children "0", "1", ...: the built blocks
+  std::map<int, GptBlock> built;               // block index -> block
+  GptHead head{nullptr};                       // null when not built
 };
 TORCH_MODULE(GptModule);
 
 class GptModel : public StagedModel {
  public:
-  // Throws ConfigError when the shape is impossible (hidden_size not divisible
-  // by num_heads, a size < 1).
-  explicit GptModel(const GptConfig& config);
+  // The parts `build` names (all by default). Throws ConfigError when the
+  // shape is impossible (hidden_size not divisible by num_heads, a size < 1).
+  explicit GptModel(const GptConfig& config, const ModelBuild& build = {});
   ~GptModel() override;
 
   torch::nn::Module& module() override;
   int numBlocks() const override;
+  // The parameters of one block, from the configuration (built or not).
+  int64_t blockCost(int index) override;
   std::string blockPrefix(int index) const override;
   std::vector<std::string> embedPrefixes() const override;
   std::vector<std::string> headPrefixes() const override;
@@ -239,6 +248,10 @@ class GptModel : public StagedModel {
 
  private:
   const at::Tensor& causalMask(int64_t length, const at::Tensor& like);
+  // Draws every parameter from its own stream (see the top of this file).
+  void initialise(uint64_t baseSeed);
+  // Where the parameters live (CPU when there are none).
+  at::Device device();
 
   GptConfig config_;
   GptModule root_{nullptr};

@@ -144,9 +144,9 @@ void LlmTrainer::setup(const Recipe& recipe) {
   config_ = c;
 }
 
-std::shared_ptr<StagedModel> LlmTrainer::buildModel() {
+std::shared_ptr<StagedModel> LlmTrainer::buildModel(const ModelBuild& build) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: buildModel() before setup()");
-  auto model = std::make_shared<GptModel>(config_);
+  auto model = std::make_shared<GptModel>(config_, build);
   built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
   built_.push_back(model);
   return model;

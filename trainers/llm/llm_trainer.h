@@ -40,7 +40,7 @@ class LlmTrainer : public Trainer {
   // vocabulary that tensor_model_parallel_size does not divide, or (with
   // sequence_parallel) a seq_length it does not divide.
   void setup(const Recipe& recipe) override;
-  std::shared_ptr<StagedModel> buildModel() override;
+  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
   // Answer tokens (incl. EOS) in the batch: the loss is their mean.
   double lossCount(const Batch& batch) const override;

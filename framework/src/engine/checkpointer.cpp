@@ -9,8 +9,7 @@
 
 #include "ptrain/comm/process_group.h"
 #include "ptrain/engine/checkpoint_io.h"
-#include "ptrain/engine/model.h"
-#include "ptrain/engine/optimizer.h"
+#include "ptrain/engine/runtime.h"
 #include "ptrain/engine/safetensors.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -45,203 +44,87 @@ at::Tensor fromHex(const std::string& hex, const std::string& where) {
   return t;
 }
 
-std::string shapeString(at::IntArrayRef sizes) {
-  std::ostringstream os;
-  os << sizes;
-  return os.str();
-}
-
-// The full tensor of a shard: gathered over the group along the spec's dim.
-at::Tensor unshard(const at::Tensor& shard, const ShardSpec& spec, ProcessGroup& group) {
-  PTRAIN_CHECK(spec.num_shards == group.size(), "shard spec of ", spec.num_shards, " shards, group of ", group.size());
-  // The group gathers dim-0 blocks: move the sharded dim to the front.
-  at::Tensor front = shard.detach().transpose(0, spec.dim).contiguous();
-  std::vector<int64_t> fullShape = front.sizes().vec();
-  fullShape[0] *= spec.num_shards;
-  at::Tensor gathered = torch::empty(fullShape, front.options());
-  group.allgather(gathered, front)->wait();
-  return gathered.transpose(0, spec.dim).contiguous();
-}
-
-// This rank's slice of a full tensor.
-at::Tensor shardOf(const at::Tensor& full, const ShardSpec& spec) {
-  const int64_t size = spec.full_size / spec.num_shards;
-  return full.narrow(spec.dim, spec.index * size, size);
-}
-
-// Full-size tensors for every name, gathering the sharded ones.
-std::vector<std::pair<std::string, at::Tensor>> unshardAll(
-    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-    const std::function<const ShardSpec*(const std::string&)>& specOf, ProcessGroup& group) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& [name, t] : tensors) {
-    const ShardSpec* spec = specOf(name);
-    out.emplace_back(name, spec ? unshard(t, *spec, group) : t.detach());
-  }
-  return out;
-}
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// Every stage's named tensors on stage 0 (in stage order); other stages get
-// back what they passed. Each stage sends a description (names, dtypes,
-// shapes as JSON) and then the tensors, point to point.
-NamedTensors gatherToFirstStage(NamedTensors mine, ProcessGroup& group) {
-  if (group.size() == 1) return mine;
-  if (group.rank() != 0) {
-    nlohmann::json description = nlohmann::json::array();
-    for (const auto& [name, t] : mine) {
-      description.push_back({{"name", name}, {"dtype", static_cast<int>(t.scalar_type())}, {"shape", t.sizes().vec()}});
-    }
-    const std::string text = description.dump();
-    at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
-    at::Tensor bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
-    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-    std::vector<std::shared_ptr<Work>> sends{group.send(length, 0), group.send(bytes, 0)};
-    std::vector<at::Tensor> payloads;
-    for (const auto& [name, t] : mine) {
-      payloads.push_back(t.detach().contiguous());
-      sends.push_back(group.send(payloads.back(), 0));
-    }
-    for (auto& w : sends) w->wait();
-    return mine;
-  }
-  NamedTensors all = std::move(mine);
-  for (int stage = 1; stage < group.size(); ++stage) {
-    at::Tensor length = torch::empty({1}, torch::kInt64);
-    group.recv(length, stage)->wait();
-    at::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kUInt8);
-    group.recv(bytes, stage)->wait();
-    auto description = nlohmann::json::parse(
-        std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel())));
-    for (const auto& entry : description) {
-      at::Tensor t = torch::empty(entry.at("shape").get<std::vector<int64_t>>(),
-                                  torch::TensorOptions().dtype(static_cast<at::ScalarType>(entry.at("dtype").get<int>())));
-      group.recv(t, stage)->wait();
-      all.emplace_back(entry.at("name").get<std::string>(), t);
-    }
-  }
-  return all;
-}
-
 }  // namespace
 
-Checkpointer::Checkpointer(std::string runDir, const Recipe& recipe, std::string layout,
-                           std::shared_ptr<ProcessGroup> tensorGroup, std::shared_ptr<ProcessGroup> pipelineGroup,
-                           bool inWriterPipeline)
-    : runDir_(std::move(runDir)),
-      recipe_(recipe),
-      layout_(std::move(layout)),
-      tensorGroup_(std::move(tensorGroup)),
-      pipelineGroup_(std::move(pipelineGroup)),
-      inWriterPipeline_(inWriterPipeline) {}
-
-void Checkpointer::save(int64_t step, StagedModel& model, const Optimizer& optimizer, bool writer,
-                        ProcessGroup& world) {
-  torch::NoGradGuard noGrad;
-  auto paramSpec = [&](const std::string& name) -> const ShardSpec* {
-    auto it = model.shard_specs.find(name);
-    return it == model.shard_specs.end() ? nullptr : &it->second;
-  };
-  // Optimizer moments are named "<moment>.<parameter>" and sharded like it.
-  auto stateSpec = [&](const std::string& name) { return paramSpec(name.substr(name.find('.') + 1)); };
-  // This stage's own tensors: not another stage's, nor a copy of one.
-  auto owned = [&](const std::string& name) { return model.mirrored_parameters.count(name) == 0; };
-  NamedTensors localParams, localMoments;
-  for (auto& item : model.localParameters())
-    if (owned(item.first)) localParams.push_back(std::move(item));
-  for (auto& item : optimizer.state())
-    if (owned(item.first.substr(item.first.find('.') + 1))) localMoments.push_back(std::move(item));
-  auto params = unshardAll(localParams, paramSpec, *tensorGroup_);
-  auto moments = unshardAll(localMoments, stateSpec, *tensorGroup_);
-  if (inWriterPipeline_) {
-    params = gatherToFirstStage(std::move(params), *pipelineGroup_);
-    moments = gatherToFirstStage(std::move(moments), *pipelineGroup_);
-  }
-  if (writer) {
-    nlohmann::json shapes = nlohmann::json::object();
-    for (const auto& [name, t] : params) shapes[name] = t.sizes().vec();
+void saveCheckpoint(const std::string& runDir, int64_t step, const std::vector<ModelRuntime*>& runtimes,
+                    const Recipe& recipe, const nlohmann::json& extra, ProcessGroup& world) {
+  std::vector<ModelRuntime::Tensors> shares;
+  for (ModelRuntime* runtime : runtimes) shares.push_back(runtime->gatherForCheckpoint());
+  if (world.rank() == 0) {
+    nlohmann::json perRuntime = nlohmann::json::object();
+    for (size_t i = 0; i < runtimes.size(); ++i) {
+      nlohmann::json shapes = nlohmann::json::object();
+      for (const auto& [name, t] : shares[i].parameters) shapes[name] = t.sizes().vec();
+      Optimizer* optimizer = runtimes[i]->optimizer();
+      perRuntime[runtimes[i]->name()] = {{"layout", runtimes[i]->layout().describe()},
+                                         {"optimizer_step", optimizer ? optimizer->stepCount() : 0},
+                                         {"parameters", shapes}};
+    }
     nlohmann::json meta{
         {"step", step},
         {"data_position", step},  // index of the next global batch
-        {"optimizer_step", optimizer.stepCount()},
         {"rng", {{"torch_cpu", toHex(at::detail::getDefaultCPUGenerator().get_state())}}},
-        {"recipe", recipe_.toYaml()},
-        {"layout", layout_},
-        {"parameters", shapes},
+        {"recipe", recipe.toYaml()},
+        {"runtimes", perRuntime},
     };
-    writeCheckpointAtomically(runDir_, step, [&](const std::string& dir) {
-      saveSafetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
-      saveSafetensors((fs::path(dir) / "optimizer.safetensors").string(), moments, {{"format", "pt"}});
+    // The first runtime's figures at the top level too, where readers of a
+    // single-model checkpoint look for them.
+    if (!runtimes.empty()) {
+      const auto& first = perRuntime[runtimes.front()->name()];
+      meta["optimizer_step"] = first["optimizer_step"];
+      meta["layout"] = first["layout"];
+      meta["parameters"] = first["parameters"];
+    }
+    for (const auto& [key, value] : extra.items()) meta[key] = value;
+    writeCheckpointAtomically(runDir, step, [&](const std::string& dir) {
+      for (size_t i = 0; i < runtimes.size(); ++i) {
+        saveSafetensors((fs::path(dir) / runtimes[i]->checkpointFile(false)).string(), shares[i].parameters,
+                        {{"format", "pt"}});
+        saveSafetensors((fs::path(dir) / runtimes[i]->checkpointFile(true)).string(), shares[i].optimizer,
+                        {{"format", "pt"}});
+      }
       writeJsonFile((fs::path(dir) / "meta.json").string(), meta);
     });
-    pruneCheckpoints(runDir_, static_cast<int>(recipe_.getInt("checkpoint.keep")), step);
+    pruneCheckpoints(runDir, static_cast<int>(recipe.getInt("checkpoint.keep")), step);
   }
   // Nobody runs ahead of a checkpoint that is still being written.
   world.barrier()->wait();
 }
 
-int64_t Checkpointer::restoreLatest(StagedModel& model, Optimizer& optimizer) {
-  if (!fs::is_directory(runDir_)) {
-    throw CheckpointError(runDir_ + ": run folder not found: --resume needs the --run-dir of an earlier run");
+int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<ModelRuntime*>& runtimes) {
+  if (!fs::is_directory(runDir)) {
+    throw CheckpointError(runDir + ": run folder not found: --resume needs the --run-dir of an earlier run");
   }
-  auto latest = latestCheckpoint(runDir_);
+  auto latest = latestCheckpoint(runDir);
   if (!latest) {
-    throw CheckpointError(runDir_ + ": no checkpoint to resume from (" + (fs::path(runDir_) / "checkpoints").string() +
+    throw CheckpointError(runDir + ": no checkpoint to resume from (" + (fs::path(runDir) / "checkpoints").string() +
                           " holds no complete step_N folder)");
   }
-  const std::string dir = checkpointDir(runDir_, *latest);
+  const std::string dir = checkpointDir(runDir, *latest);
   auto meta = readJsonFile((fs::path(dir) / "meta.json").string());
-  auto weights = loadSafetensors((fs::path(dir) / "model.safetensors").string());
-  torch::NoGradGuard noGrad;
-  auto named = model.module().named_parameters();
-  if (weights.tensors.size() != named.size()) {
-    throw CheckpointError(detail::concat(dir, ": holds ", weights.tensors.size(), " parameters, this model has ",
-                                         named.size(), ": the checkpoint is from another model"));
-  }
-  for (auto& item : named) {
-    if (model.remote_parameters.count(item.key()) > 0) continue;  // another pipeline stage's
-    auto it = weights.tensors.find(item.key());
-    if (it == weights.tensors.end()) {
-      throw CheckpointError(detail::concat(dir, ": no parameter '", item.key(),
-                                           "': the checkpoint is from another model"));
-    }
-    auto specIt = model.shard_specs.find(item.key());
-    at::Tensor source = it->second;
-    if (specIt != model.shard_specs.end()) {
-      const ShardSpec& spec = specIt->second;
-      if (source.dim() <= spec.dim || source.size(spec.dim) != spec.full_size) {
-        throw CheckpointError(detail::concat(dir, ": parameter '", item.key(), "' has shape ",
-                                             shapeString(source.sizes()), ", not ", spec.full_size, " along dim ",
-                                             spec.dim, ": the checkpoint is from another model"));
-      }
-      source = shardOf(source, spec);
-    }
-    if (!source.sizes().equals(item.value().sizes())) {
-      throw CheckpointError(detail::concat(dir, ": parameter '", item.key(), "' has shape ",
-                                           shapeString(it->second.sizes()), ", this model has ",
-                                           shapeString(item.value().sizes()), ": the checkpoint is from another model"));
-    }
-    item.value().copy_(source);
-  }
-  auto state = loadSafetensors((fs::path(dir) / "optimizer.safetensors").string());
-  // Moments are stored full-size: take this rank's slice, as for parameters.
-  for (auto& [name, t] : state.tensors) {
-    auto specIt = model.shard_specs.find(name.substr(name.find('.') + 1));
-    if (specIt != model.shard_specs.end() && t.dim() > specIt->second.dim &&
-        t.size(specIt->second.dim) == specIt->second.full_size) {
-      t = shardOf(t, specIt->second).contiguous();
-    }
-  }
   try {
-    optimizer.load(state.tensors, meta.at("optimizer_step").get<int64_t>());
+    for (ModelRuntime* runtime : runtimes) {
+      const std::string weightsFile = (fs::path(dir) / runtime->checkpointFile(false)).string();
+      if (!fs::exists(weightsFile)) {
+        throw CheckpointError(detail::concat(dir, ": no ", runtime->checkpointFile(false), " for model '",
+                                             runtime->name(), "': the checkpoint is from another run"));
+      }
+      auto weights = loadSafetensors(weightsFile);
+      std::map<std::string, at::Tensor> state;
+      if (runtime->optimizer() != nullptr) {
+        state = loadSafetensors((fs::path(dir) / runtime->checkpointFile(true)).string()).tensors;
+      }
+      int64_t optimizerSteps = meta.value("optimizer_step", int64_t{0});
+      if (meta.contains("runtimes") && meta["runtimes"].contains(runtime->name())) {
+        optimizerSteps = meta["runtimes"][runtime->name()].at("optimizer_step").get<int64_t>();
+      }
+      runtime->loadCheckpoint(weights.tensors, state, optimizerSteps, dir);
+    }
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(fromHex(meta.at("rng").at("torch_cpu").get<std::string>(), dir + "/meta.json"));
     return meta.at("step").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(detail::concat(dir, "/meta.json: ", e.what()));
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(detail::concat(dir, ": ", e.what()));
   }
 }
 

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "ptrain/engine/batch.h"
+#include "ptrain/engine/engine.h"
+#include "ptrain/engine/hooks.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/trainer.h"
 
@@ -12,6 +14,52 @@ StagedModel::~StagedModel() = default;
 PipelineInference::~PipelineInference() = default;
 Trainer::~Trainer() = default;
 ParallelPlugin::~ParallelPlugin() = default;
+StepHooks::~StepHooks() = default;
+
+TrainSummary Trainer::train(TrainingSession& session) { return defaultTrainingLoop(session, *this); }
+
+bool ModelBuild::buildsBlock(int index) const {
+  if (!blocks) return true;
+  return std::binary_search(blocks->begin(), blocks->end(), index);
+}
+
+ModelBuild ModelBuild::outline() {
+  ModelBuild b;
+  b.blocks = std::vector<int>{};
+  b.embed = false;
+  b.head = false;
+  return b;
+}
+
+at::Tensor MicroBatchRun::backwardLoss(const at::Tensor& lossSum) const {
+  return lossSum * (loss_scale / loss_divisor);
+}
+
+int64_t StagedModel::blockCost(int index) {
+  const std::string prefix = blockPrefix(index);
+  int64_t cost = 0;
+  for (const auto& item : module().named_parameters()) {
+    if (item.key().compare(0, prefix.size(), prefix) == 0) cost += item.value().numel();
+  }
+  return cost;
+}
+
+// The tensor-parallel defaults: a model that does not override them cannot
+// be split.
+namespace {
+[[noreturn]] void noTensorParallel() {
+  throw ConfigError(
+      "parallel.tensor_model_parallel_size: this model does not support tensor parallelism; set it to 1");
+}
+}  // namespace
+
+TensorParallelPlan StagedModel::tensorParallelPlan() { noTensorParallel(); }
+
+void StagedModel::setTensorParallel(std::shared_ptr<const nn::TensorParallelState>) { noTensorParallel(); }
+
+at::Tensor StagedModel::forwardBlock(int index, const at::Tensor& hidden) {
+  return block_wrapper ? block_wrapper(index, hidden) : runBlock(index, hidden);
+}
 
 LossOutput StagedModel::forward(const Batch& micro) {
   if (!pipeline) return head(forwardHidden(micro), micro);
@@ -30,7 +78,7 @@ LossOutput StagedModel::forward(const Batch& micro) {
 at::Tensor StagedModel::forwardHidden(const Batch& micro) {
   if (pipeline) return pipeline->forwardBlocks(*this, pipeline->isFirstStage() ? embed(micro) : at::Tensor());
   at::Tensor hidden = embed(micro);
-  for (int i = 0; i < numBlocks(); ++i) hidden = runBlock(i, hidden);
+  for (int i = 0; i < numBlocks(); ++i) hidden = forwardBlock(i, hidden);
   return hidden;
 }
 
@@ -41,7 +89,7 @@ void StagedModel::shareFromHead(at::Tensor& tensor) {
 std::vector<std::pair<std::string, at::Tensor>> StagedModel::localParameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& item : module().named_parameters()) {
-    if (remote_parameters.count(item.key()) == 0) out.emplace_back(item.key(), item.value());
+    if (placement.held(item.key())) out.emplace_back(item.key(), item.value());
   }
   return out;
 }
@@ -51,6 +99,12 @@ int64_t Batch::size() const { return tensors.empty() ? 0 : tensors.begin()->seco
 Batch Batch::slice(int64_t begin, int64_t end) const {
   Batch out;
   for (const auto& [name, t] : tensors) out.tensors.emplace(name, t.slice(0, begin, end));
+  return out;
+}
+
+Batch Batch::to(at::Device device) const {
+  Batch out;
+  for (const auto& [name, t] : tensors) out.tensors.emplace(name, t.device() == device ? t : t.to(device));
   return out;
 }
 

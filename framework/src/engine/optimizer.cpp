@@ -1,6 +1,7 @@
 #include "ptrain/engine/optimizer.h"
 
 #include <cmath>
+#include <map>
 
 #include <torch/torch.h>
 
@@ -38,22 +39,106 @@ double learningRate(const OptimizerOptions& o, int64_t step) {
   return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, OptimizerOptions options)
-    : options_(std::move(options)) {
-  for (auto& [name, p] : named) {
+Optimizer::~Optimizer() = default;
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+                     std::vector<std::string> slots, bool masterWeights)
+    : groups_(std::move(groups)), slotNames_(std::move(slots)) {
+  // Positions in `named` -> positions among the kept parameters.
+  std::vector<long> keptAt(named.size(), -1);
+  for (size_t i = 0; i < named.size(); ++i) {
+    auto& [name, p] = named[i];
     if (!p.requires_grad()) continue;
+    keptAt[i] = static_cast<long>(names_.size());
     names_.push_back(name);
     params_.push_back(p);
-    hasDecay_.push_back(p.dim() >= 2);
-    expAvg_.push_back(torch::zeros_like(p));
-    expAvgSq_.push_back(torch::zeros_like(p));
   }
+  groupOf_.assign(params_.size(), groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<size_t> kept;
+    for (size_t i : groups_[g].index) {
+      PTRAIN_CHECK(i < named.size(), "optimizer group '", groups_[g].name, "' names parameter ", i, " of ",
+                   named.size());
+      if (keptAt[i] < 0) continue;
+      const size_t k = static_cast<size_t>(keptAt[i]);
+      PTRAIN_CHECK(groupOf_[k] == groups_.size(), "optimizer: parameter '", names_[k], "' is in two groups");
+      groupOf_[k] = g;
+      kept.push_back(k);
+    }
+    groups_[g].index = std::move(kept);
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    PTRAIN_CHECK(groupOf_[k] < groups_.size(), "optimizer: parameter '", names_[k], "' is in no group");
+  }
+  torch::NoGradGuard noGrad;
+  for (const auto& p : params_) {
+    const bool needsMaster = masterWeights && p.scalar_type() != at::kFloat;
+    master_.push_back(needsMaster ? p.detach().to(at::kFloat).clone() : at::Tensor());
+  }
+  slots_.resize(slotNames_.size());
+  for (size_t s = 0; s < slotNames_.size(); ++s) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      slots_[s].push_back(torch::zeros_like(master_[k].defined() ? master_[k] : params_[k]));
+    }
+  }
+}
+
+bool Optimizer::step(double lr, double gradScale) {
+  torch::NoGradGuard noGrad;
+  std::vector<Item> items;
+  items.reserve(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const at::Tensor& p = params_[k];
+    if (!p.grad().defined()) continue;
+    const ParamGroup& g = groups_[groupOf_[k]];
+    if (master_[k].defined()) {
+      items.push_back(Item{k, master_[k], p.grad().to(at::kFloat), lr * g.lr_scale, g.weight_decay});
+    } else {
+      items.push_back(Item{k, p, p.grad(), lr * g.lr_scale, g.weight_decay});
+    }
+  }
+  ++step_;
+  update(items, gradScale, step_);
+  for (const Item& item : items) {
+    if (master_[item.index].defined()) params_[item.index].copy_(master_[item.index]);
+  }
+  return true;
 }
 
 void Optimizer::zeroGrad() {
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t k = 0; k < names_.size(); ++k) {
+    for (size_t s = 0; s < slotNames_.size(); ++s) out.emplace_back(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    if (master_[k].defined()) out.emplace_back("master." + names_[k], master_[k]);
+  }
+  return out;
+}
+
+void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t stepCount) {
+  torch::NoGradGuard noGrad;
+  auto restore = [&](const std::string& key, at::Tensor& target) {
+    auto it = state.find(key);
+    if (it == state.end()) {
+      throw CheckpointError(detail::concat("optimizer state has no '", key, "': the checkpoint is from another model"));
+    }
+    if (!it->second.sizes().equals(target.sizes())) {
+      throw CheckpointError(detail::concat("optimizer state '", key, "' has shape ", it->second.sizes(),
+                                           ", this model needs ", target.sizes(),
+                                           ": the checkpoint is from another model"));
+    }
+    target.copy_(it->second);
+  };
+  for (size_t k = 0; k < names_.size(); ++k) {
+    for (size_t s = 0; s < slotNames_.size(); ++s) restore(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    if (master_[k].defined()) restore("master." + names_[k], master_[k]);
+  }
+  step_ = stepCount;
 }
 
 namespace {
@@ -67,108 +152,134 @@ bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, cons
   return g.sizes().equals(p.sizes()) && m.sizes().equals(p.sizes()) && v.sizes().equals(p.sizes());
 }
 
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+        const OptimizerOptions& o)
+      : Optimizer(std::move(named), std::move(groups), {"exp_avg", "exp_avg_sq"}, o.master_weights),
+        beta1_(o.beta1),
+        beta2_(o.beta2),
+        eps_(o.eps) {}
+  const char* name() const override { return "adamw"; }
+
+ protected:
+  void update(const std::vector<Item>& items, double gradScale, int64_t count) override {
+    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(count));
+    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(count));
+    // Tensors the fused kernel cannot take, updated with foreach kernels
+    // below, one batch per (lr, weight decay) pair.
+    std::map<std::pair<double, double>, std::vector<const Item*>> rest;
+    for (const Item& item : items) {
+      at::Tensor& m = slot(0, item.index);
+      at::Tensor& v = slot(1, item.index);
+      if (fusable(item.target, item.grad, m, v)) {
+        detail::AdamwStep s;
+        s.decay_factor = static_cast<float>(1.0 - item.lr * item.weight_decay);
+        s.beta1 = static_cast<float>(beta1_);
+        s.beta2 = static_cast<float>(beta2_);
+        s.grad_scale = static_cast<float>(gradScale);
+        s.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bc2));
+        s.eps = static_cast<float>(eps_);
+        s.step_size = static_cast<float>(item.lr / bc1);
+        at::Tensor target = item.target;
+        detail::adamwUpdate(target.data_ptr<float>(), item.grad.data_ptr<float>(), m.data_ptr<float>(),
+                            v.data_ptr<float>(), target.numel(), s);
+        continue;
+      }
+      rest[{item.lr, item.weight_decay}].push_back(&item);
+    }
+    for (const auto& [key, batch] : rest) {
+      const auto [lr, weightDecay] = key;
+      std::vector<at::Tensor> ps, gs, ms, vs;
+      for (const Item* item : batch) {
+        ps.push_back(item->target);
+        gs.push_back(item->grad);
+        ms.push_back(slot(0, item->index));
+        vs.push_back(slot(1, item->index));
+      }
+      if (gradScale != 1.0) at::_foreach_mul_(gs, gradScale);
+      if (weightDecay > 0) at::_foreach_mul_(ps, 1.0 - lr * weightDecay);
+      at::_foreach_mul_(ms, beta1_);
+      at::_foreach_add_(ms, gs, 1.0 - beta1_);
+      at::_foreach_mul_(vs, beta2_);
+      at::_foreach_addcmul_(vs, gs, gs, 1.0 - beta2_);
+      auto denom = at::_foreach_sqrt(vs);
+      at::_foreach_div_(denom, std::sqrt(bc2));
+      at::_foreach_add_(denom, eps_);
+      at::_foreach_addcdiv_(ps, ms, denom, -lr / bc1);
+    }
+  }
+
+ private:
+  double beta1_, beta2_, eps_;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+      const OptimizerOptions& o)
+      : Optimizer(std::move(named), std::move(groups), {"momentum_buffer"}, o.master_weights),
+        momentum_(o.momentum) {}
+  const char* name() const override { return "sgd"; }
+
+ protected:
+  void update(const std::vector<Item>& items, double gradScale, int64_t count) override {
+    std::map<std::pair<double, double>, std::vector<const Item*>> batches;
+    for (const Item& item : items) batches[{item.lr, item.weight_decay}].push_back(&item);
+    for (const auto& [key, batch] : batches) {
+      const auto [lr, weightDecay] = key;
+      std::vector<at::Tensor> ps, gs, bufs;
+      for (const Item* item : batch) {
+        ps.push_back(item->target);
+        gs.push_back(item->grad);
+        bufs.push_back(slot(0, item->index));
+      }
+      if (gradScale != 1.0) at::_foreach_mul_(gs, gradScale);
+      // As torch.optim.SGD: an L2 penalty added to the gradient (g += wd * p),
+      // then momentum without dampening (buf = momentum * buf + g).
+      if (weightDecay > 0) at::_foreach_add_(gs, ps, weightDecay);
+      if (momentum_ > 0) {
+        at::_foreach_mul_(bufs, momentum_);
+        at::_foreach_add_(bufs, gs);
+        at::_foreach_add_(ps, bufs, -lr);
+      } else {
+        at::_foreach_add_(ps, gs, -lr);
+      }
+    }
+  }
+
+ private:
+  double momentum_;
+};
+
 }  // namespace
 
-void Optimizer::step(double lr, double gradScale) {
-  torch::NoGradGuard noGrad;
-  ++step_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
-  const double decayFactor = 1.0 - lr * options_.weight_decay;
-  const bool adamw = options_.name == "adamw";
-  // Tensors the fused kernel cannot take, updated with foreach kernels below.
-  std::vector<at::Tensor> ps, gs, ms, vs, decayed, decayedGrads;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    if (!p.grad().defined()) continue;
-    const at::Tensor& g = p.grad();
-    if (adamw && fusable(p, g, expAvg_[i], expAvgSq_[i])) {
-      detail::AdamwStep s;
-      s.decay_factor = static_cast<float>(hasDecay_[i] ? decayFactor : 1.0);
-      s.beta1 = static_cast<float>(b1);
-      s.beta2 = static_cast<float>(b2);
-      s.grad_scale = static_cast<float>(gradScale);
-      s.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bc2));
-      s.eps = static_cast<float>(options_.eps);
-      s.step_size = static_cast<float>(lr / bc1);
-      detail::adamwUpdate(p.data_ptr<float>(), g.data_ptr<float>(), expAvg_[i].data_ptr<float>(),
-                          expAvgSq_[i].data_ptr<float>(), p.numel(), s);
-      continue;
-    }
-    ps.push_back(p);
-    gs.push_back(g);
-    ms.push_back(expAvg_[i]);
-    vs.push_back(expAvgSq_[i]);
-    if (hasDecay_[i]) {
-      decayed.push_back(p);
-      decayedGrads.push_back(g);
-    }
-  }
-  if (ps.empty()) return;
-  if (gradScale != 1.0) at::_foreach_mul_(gs, gradScale);
-  if (!adamw) {
-    // As torch.optim.SGD: an L2 penalty added to the gradient (g += wd * p),
-    // then momentum without dampening (buf = momentum * buf + g).
-    if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_add_(decayedGrads, decayed, options_.weight_decay);
-    if (options_.momentum > 0) {
-      at::_foreach_mul_(ms, options_.momentum);
-      at::_foreach_add_(ms, gs);
-      at::_foreach_add_(ps, ms, -lr);
-    } else {
-      at::_foreach_add_(ps, gs, -lr);
-    }
-    return;
-  }
-  if (options_.weight_decay > 0 && !decayed.empty()) at::_foreach_mul_(decayed, decayFactor);
-  at::_foreach_mul_(ms, b1);
-  at::_foreach_add_(ms, gs, 1.0 - b1);
-  at::_foreach_mul_(vs, b2);
-  at::_foreach_addcmul_(vs, gs, gs, 1.0 - b2);
-  auto denom = at::_foreach_sqrt(vs);
-  at::_foreach_div_(denom, std::sqrt(bc2));
-  at::_foreach_add_(denom, options_.eps);
-  at::_foreach_addcdiv_(ps, ms, denom, -lr / bc1);
+std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
+                                         std::vector<ParamGroup> groups, const OptimizerOptions& options) {
+  if (options.name == "adamw") return std::make_unique<AdamW>(std::move(named), std::move(groups), options);
+  if (options.name == "sgd") return std::make_unique<Sgd>(std::move(named), std::move(groups), options);
+  throw ConfigError("optimizer.name: '" + options.name + "' is not an optimizer; use adamw or sgd");
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t i = 0; i < names_.size(); ++i) {
-    out.emplace_back("exp_avg." + names_[i], expAvg_[i]);
-    out.emplace_back("exp_avg_sq." + names_[i], expAvgSq_[i]);
-  }
-  return out;
-}
-
-void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t stepCount) {
-  torch::NoGradGuard noGrad;
-  for (size_t i = 0; i < names_.size(); ++i) {
-    for (auto [prefix, target] : {std::pair{"exp_avg.", &expAvg_[i]}, std::pair{"exp_avg_sq.", &expAvgSq_[i]}}) {
-      auto it = state.find(prefix + names_[i]);
-      if (it == state.end()) {
-        throw CheckpointError(detail::concat("optimizer state has no '", prefix, names_[i],
-                                             "': the checkpoint is from another model"));
-      }
-      if (!it->second.sizes().equals(target->sizes())) {
-        throw CheckpointError(detail::concat("optimizer state '", prefix, names_[i], "' has shape ",
-                                             it->second.sizes(), ", this model needs ", target->sizes(),
-                                             ": the checkpoint is from another model"));
-      }
-      target->copy_(it->second);
-    }
-  }
-  step_ = stepCount;
+std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
+                                         const OptimizerOptions& options) {
+  ParamGroup decay{"decay", options.weight_decay, 1.0, {}};
+  ParamGroup plain{"no_decay", 0.0, 1.0, {}};
+  for (size_t i = 0; i < named.size(); ++i) (named[i].second.dim() >= 2 ? decay : plain).index.push_back(i);
+  return makeOptimizer(std::move(named), {decay, plain}, options);
 }
 
 double globalGradNorm(const std::vector<at::Tensor>& params,
                       const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted) {
   torch::NoGradGuard noGrad;
   std::vector<at::Tensor> countedGrads;
+  at::Device device = at::kCPU;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
+    device = p.device();
     if (p.grad().defined() && (counted.empty() || counted[i])) countedGrads.push_back(p.grad());
   }
-  at::Tensor total = torch::zeros({}, torch::kFloat64);
+  at::Tensor total = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device));
   if (!countedGrads.empty()) {
     auto norms = at::_foreach_norm(countedGrads, 2);
     total = torch::stack(norms).to(torch::kFloat64).pow(2).sum();

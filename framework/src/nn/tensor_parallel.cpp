@@ -9,18 +9,6 @@
 
 namespace ptrain {
 
-// StagedModel's tensor-parallel hooks live with the code that drives them.
-namespace {
-[[noreturn]] void noTensorParallel() {
-  throw ConfigError(
-      "parallel.tensor_model_parallel_size: this model does not support tensor parallelism; set it to 1");
-}
-}  // namespace
-
-TensorParallelPlan StagedModel::tensorParallelPlan() { noTensorParallel(); }
-
-void StagedModel::setTensorParallel(std::shared_ptr<const nn::TensorParallelState>) { noTensorParallel(); }
-
 namespace nn {
 
 std::vector<std::string> applyTensorParallel(StagedModel& model, std::shared_ptr<const TensorParallelState> state) {
@@ -56,7 +44,7 @@ std::vector<std::string> applyTensorParallel(StagedModel& model, std::shared_ptr
       // set_data keeps the parameter object: the module's member, the
       // registered parameter and tied users all see the slice.
       p.set_data(p.narrow(dim, state->rank * chunk, chunk).clone(at::MemoryFormat::Contiguous));
-      model.shard_specs[name] = ShardSpec{dim, state->size, state->rank, full};
+      model.placement.addShard(name, ShardSpec{GroupKind::kTensor, dim, state->size, state->rank, full});
     }
     if (state->sequence_parallel) {  // active here
       for (const auto& local : layer->sequenceParallelPartialParameters()) partial.push_back(prefix + local);
@@ -68,8 +56,9 @@ std::vector<std::string> applyTensorParallel(StagedModel& model, std::shared_ptr
   }
   for (const auto& name : partial) {
     param(name);  // exists
-    PTRAIN_CHECK(model.shard_specs.count(name) == 0, "tensor parallel plan: '", name,
-                 "' is split, so its gradient is not a partial sum");
+    PTRAIN_CHECK(model.placement.of(name).shardAlong(GroupKind::kTensor) == nullptr, "tensor parallel plan: '",
+                 name, "' is split, so its gradient is not a partial sum");
+    model.placement.edit(name).partial_gradient = true;
   }
   model.setTensorParallel(state);
   return partial;

@@ -77,6 +77,7 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("train.seed", T::kInt, "1234", "Seed for initialisation, data order and dropout."), 0));
   s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
   s.add(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1));
+  s.add(oneOf(key("train.device", T::kString, "cpu", "Where the model computes."), {"cpu"}));
   s.add(atLeast(key("train.log_every", T::kInt, "10", "Log the loss every this many steps."), 1));
 
   s.add(oneOf(key("optimizer.name", T::kString, "adamw", "Optimizer."), {"adamw", "sgd"}));

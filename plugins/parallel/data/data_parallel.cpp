@@ -1,14 +1,18 @@
 // parallel/data: data parallelism with bucketed, overlapped gradient
 // all-reduce.
 //
-// Parameters are packed, in reverse order of registration (roughly the order
-// in which backward produces their gradients), into buckets of about
+// Each parameter's gradient is summed over the group its placement names
+// (Placement::gradientReduceGroup: the data-parallel group for dense
+// parameters, the expert-data group for experts). Per group, parameters are
+// packed, in reverse order of registration (roughly the order in which
+// backward produces their gradients), into buckets of about
 // parallel.grad_bucket_size_mb. During the backward pass of the last
 // micro-batch of a step, a hook after each parameter's gradient accumulation
 // marks it ready; when a bucket is full its gradients are flattened into one
 // buffer and all-reduced asynchronously while backward goes on. Buckets are
-// launched strictly in index order, so every rank issues the same sequence of
-// collectives. finishGradients() waits and writes the sums back.
+// launched strictly in index order within their group, so every member issues
+// the same sequence of collectives. finishGradients() waits and writes the
+// sums back.
 //
 // The engine scales each micro-batch loss by 1 / (items in the global batch),
 // so the sum over data-parallel ranks is exactly the single-rank gradient.
@@ -21,6 +25,7 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
+#include "ptrain/engine/placement.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace {
@@ -35,6 +40,13 @@ struct Bucket {
   std::shared_ptr<Work> work;
 };
 
+// The buckets of the parameters reduced over one group.
+struct ReduceSet {
+  std::shared_ptr<ProcessGroup> group;
+  std::vector<Bucket> buckets;
+  int nextToLaunch = 0;
+};
+
 class DataParallel final : public ParallelPlugin {
  public:
   explicit DataParallel(const PluginContext& ctx) {
@@ -44,53 +56,65 @@ class DataParallel final : public ParallelPlugin {
     }
   }
 
-  void apply(StagedModel& model, Communicator& comm) override {
-    group_ = comm.group(GroupKind::kData);
-    if (group_->size() == 1) return;
-    auto params = model.module().parameters();
-    int64_t used = bucketBytes_;  // forces a new bucket for the first param
+  void apply(StagedModel& model, const LayoutGroups& groups) override {
+    // Parameters by reduction group, in reverse order of registration.
+    std::map<GroupKind, std::vector<at::Tensor>> byGroup;
+    auto params = model.localParameters();
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
-      const at::Tensor& p = *it;
-      if (!p.requires_grad()) continue;
-      const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-      if (buckets_.empty() || used + bytes > bucketBytes_) {
-        buckets_.emplace_back();
-        used = 0;
+      if (!it->second.requires_grad()) continue;
+      const GroupKind kind = Placement::gradientReduceGroup(model.placement.of(it->first), groups.layout());
+      if (groups.group(kind)->size() > 1) byGroup[kind].push_back(it->second);
+    }
+    for (auto& [kind, list] : byGroup) {
+      sets_.emplace_back();
+      ReduceSet& set = sets_.back();
+      set.group = groups.group(kind);
+      int64_t used = bucketBytes_;  // forces a new bucket for the first param
+      for (const at::Tensor& p : list) {
+        const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+        if (set.buckets.empty() || used + bytes > bucketBytes_) {
+          set.buckets.emplace_back();
+          used = 0;
+        }
+        Bucket& b = set.buckets.back();
+        const int64_t offset = b.offsets.empty() ? 0 : b.offsets.back() + b.params.back().numel();
+        b.params.push_back(p);
+        b.offsets.push_back(offset);
+        used += bytes;
+        hookParam(p, sets_.size() - 1, set.buckets.size() - 1);
       }
-      Bucket& b = buckets_.back();
-      const int64_t offset = b.offsets.empty() ? 0 : b.offsets.back() + b.params.back().numel();
-      b.params.push_back(p);
-      b.offsets.push_back(offset);
-      used += bytes;
-      hookParam(p, static_cast<int>(buckets_.size()) - 1);
+      for (auto& b : set.buckets) {
+        const int64_t n = b.offsets.back() + b.params.back().numel();
+        b.buffer = torch::empty({n}, b.params.front().options().requires_grad(false));
+      }
+      logger()->debug("data parallel over {}: {} buckets of up to {} MiB", set.group->name(), set.buckets.size(),
+                      bucketBytes_ >> 20);
     }
-    for (auto& b : buckets_) {
-      const int64_t n = b.offsets.back() + b.params.back().numel();
-      b.buffer = torch::empty({n}, b.params.front().options().requires_grad(false));
-    }
-    logger()->debug("data parallel over {}: {} buckets of up to {} MiB", group_->name(), buckets_.size(),
-                    bucketBytes_ >> 20);
   }
 
   void beforeBackward(int index, int count) override {
-    armed_ = overlap_ && !buckets_.empty() && index == count - 1;
+    armed_ = overlap_ && !sets_.empty() && index == count - 1;
     if (armed_) resetStep();
   }
 
   void finishGradients() override {
-    if (buckets_.empty()) return;
+    if (sets_.empty()) return;
     if (!armed_) resetStep();
-    // Buckets whose parameters got no gradient this step (unused in the
-    // forward pass) and, without overlap, all buckets are launched now.
-    while (nextToLaunch_ < static_cast<int>(buckets_.size())) launch(nextToLaunch_);
     auto waitStart = std::chrono::steady_clock::now();
-    for (auto& b : buckets_) {
-      b.work->wait();
-      for (size_t i = 0; i < b.params.size(); ++i) {
-        auto& p = b.params[i];
-        auto slice = b.buffer.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
-        if (p.mutable_grad().defined()) p.mutable_grad().copy_(slice);
-        else p.mutable_grad() = slice.clone();
+    for (size_t s = 0; s < sets_.size(); ++s) {
+      // Buckets whose parameters got no gradient this step (unused in the
+      // forward pass) and, without overlap, all buckets are launched now.
+      while (sets_[s].nextToLaunch < static_cast<int>(sets_[s].buckets.size())) launch(s, sets_[s].nextToLaunch);
+    }
+    for (auto& set : sets_) {
+      for (auto& b : set.buckets) {
+        b.work->wait();
+        for (size_t i = 0; i < b.params.size(); ++i) {
+          auto& p = b.params[i];
+          auto slice = b.buffer.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
+          if (p.mutable_grad().defined()) p.mutable_grad().copy_(slice);
+          else p.mutable_grad() = slice.clone();
+        }
       }
     }
     waitSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - waitStart).count();
@@ -98,25 +122,28 @@ class DataParallel final : public ParallelPlugin {
   }
 
   std::map<std::string, double> stepStats() const override {
-    if (buckets_.empty()) return {};
+    if (sets_.empty()) return {};
     return {{"dp_comm_bytes", static_cast<double>(bytesThisStep_)}, {"dp_wait_s", waitSeconds_}};
   }
 
  private:
   void resetStep() {
-    for (auto& b : buckets_) {
-      b.ready = 0;
-      b.work.reset();
+    for (auto& set : sets_) {
+      for (auto& b : set.buckets) {
+        b.ready = 0;
+        b.work.reset();
+      }
+      set.nextToLaunch = 0;
     }
-    nextToLaunch_ = 0;
     bytesThisStep_ = 0;
   }
 
-  void hookParam(const at::Tensor& p, int bucketIndex) {
+  void hookParam(const at::Tensor& p, size_t setIndex, size_t bucketIndex) {
     auto acc = torch::autograd::impl::grad_accumulator(p);
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, bucketIndex](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          onGradReady(bucketIndex);
+        [this, setIndex, bucketIndex](const torch::autograd::variable_list& outputs,
+                                      const torch::autograd::variable_list&) {
+          onGradReady(setIndex, bucketIndex);
           return outputs;
         }));
     // The parameter holds its accumulator only weakly: keep it alive, or a
@@ -124,36 +151,35 @@ class DataParallel final : public ParallelPlugin {
     accumulators_.push_back(std::move(acc));
   }
 
-  void onGradReady(int bucketIndex) {
+  void onGradReady(size_t setIndex, size_t bucketIndex) {
     if (!armed_) return;
-    Bucket& b = buckets_[bucketIndex];
-    ++b.ready;
-    while (nextToLaunch_ < static_cast<int>(buckets_.size()) &&
-           buckets_[nextToLaunch_].ready == static_cast<int>(buckets_[nextToLaunch_].params.size())) {
-      launch(nextToLaunch_);
+    ReduceSet& set = sets_[setIndex];
+    ++set.buckets[bucketIndex].ready;
+    while (set.nextToLaunch < static_cast<int>(set.buckets.size()) &&
+           set.buckets[set.nextToLaunch].ready == static_cast<int>(set.buckets[set.nextToLaunch].params.size())) {
+      launch(setIndex, set.nextToLaunch);
     }
   }
 
-  void launch(int index) {
-    Bucket& b = buckets_[index];
+  void launch(size_t setIndex, int index) {
+    ReduceSet& set = sets_[setIndex];
+    Bucket& b = set.buckets[index];
     for (size_t i = 0; i < b.params.size(); ++i) {
       const auto& p = b.params[i];
       auto slice = b.buffer.narrow(0, b.offsets[i], p.numel());
       if (p.grad().defined()) slice.copy_(p.grad().reshape({-1}));
       else slice.zero_();
     }
-    b.work = group_->allreduce(b.buffer);
+    b.work = set.group->allreduce(b.buffer);
     bytesThisStep_ += b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size());
-    ++nextToLaunch_;
+    ++set.nextToLaunch;
   }
 
-  std::shared_ptr<ProcessGroup> group_;
   int64_t bucketBytes_ = 4 << 20;
   bool overlap_ = true;
   bool armed_ = false;
-  std::vector<Bucket> buckets_;
+  std::vector<ReduceSet> sets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  int nextToLaunch_ = 0;
   int64_t bytesThisStep_ = 0;
   double waitSeconds_ = 0;
 };

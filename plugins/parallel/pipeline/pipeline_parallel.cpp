@@ -1,19 +1,22 @@
 // parallel/pipeline: pipeline parallelism over the model's block sequence.
 //
-// apply() cuts the blocks into p * v virtual stages (parallel.pipeline_layout,
-// or runs of equal parameter count), keeps this rank's chunks, the embedding
-// on the first stage and the head on the last, and releases every other
-// parameter (model.remote_parameters). Parameters the head shares with the
-// embedding (a tied output embedding) are kept on the last stage as a copy
-// (model.mirrored_parameters) whose gradient finishGradients() sums with the
-// first stage's, so both copies take the same update.
+// planBuild() cuts the blocks into p * v virtual stages (parallel.pipeline_layout,
+// or runs of equal cost, StagedModel::blockCost) before the model exists, so
+// that this rank builds only its chunks, the embedding on the first stage and
+// the head on the last. apply() records every parameter's stage in the
+// placement and releases whatever the model built beyond that (placement
+// held = false). Parameters the head shares with the embedding (a tied output
+// embedding) are kept on the last stage as a copy (placement mirror) whose
+// gradient finishGradients() sums with the first stage's, so both copies take
+// the same update.
 //
 // runMicroBatches() walks this stage's schedule (ptrain/pipeline/schedule.h):
 // a forward pass receives its input from the previous virtual stage (or
-// embeds the micro-batch), runs the chunk's blocks and sends the output on
-// (or computes the loss); a backward pass receives the output gradient (or
-// starts from the scaled loss), runs autograd and sends the input gradient
-// back. The engine's beforeBackward hooks run before every backward pass.
+// embeds the micro-batch), runs the chunk's blocks (through the runtime's
+// block hooks) and sends the output on (or computes the step's loss); a
+// backward pass receives the output gradient (or starts from the loss),
+// runs autograd and sends the input gradient back. The runtime's
+// beforeBackward hooks run before every backward pass.
 //
 // Measured per stage and step (stepStats, reported by rank 0 for every
 // stage): busy time (forward and backward passes), idle time (blocked on
@@ -31,6 +34,7 @@
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
+#include "ptrain/engine/placement.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/recipe/recipe.h"
 #include "stage_link.h"
@@ -49,7 +53,7 @@ bool startsWithAny(const std::string& name, const std::vector<std::string>& pref
 
 class PipelineParallel final : public ParallelPlugin {
  public:
-  explicit PipelineParallel(const PluginContext& ctx) {
+  explicit PipelineParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe == nullptr) return;
     const Recipe& recipe = *ctx.recipe;
     chunks_ = static_cast<int>(recipe.getInt("parallel.virtual_pipeline_model_parallel_size"));
@@ -59,20 +63,14 @@ class PipelineParallel final : public ParallelPlugin {
     }
   }
 
-  void apply(StagedModel& model, Communicator& comm) override {
-    auto group = comm.group(GroupKind::kPipeline);
-    const int stages = group->size();
-    const int virtualStages = stages * chunks_;
+  // Blocks of each virtual stage: parallel.pipeline_layout, or runs of equal
+  // cost.
+  std::vector<std::vector<int>> partition(StagedModel& model, int virtualStages) const {
     const int numBlocks = model.numBlocks();
-
     std::vector<int> sizes = layout_;
     if (sizes.empty()) {
-      std::vector<int64_t> costs(static_cast<size_t>(numBlocks), 0);
-      for (const auto& item : model.module().named_parameters()) {
-        for (int b = 0; b < numBlocks; ++b) {
-          if (startsWithAny(item.key(), {model.blockPrefix(b)})) costs[static_cast<size_t>(b)] += item.value().numel();
-        }
-      }
+      std::vector<int64_t> costs;
+      for (int b = 0; b < numBlocks; ++b) costs.push_back(model.blockCost(b));
       sizes = balancedPartition(costs, virtualStages);
     }
     PTRAIN_CHECK_AS(ConfigError, static_cast<int>(sizes.size()) == virtualStages,
@@ -85,7 +83,28 @@ class PipelineParallel final : public ParallelPlugin {
     int next = 0;
     for (int g = 0; g < virtualStages; ++g)
       for (int i = 0; i < sizes[static_cast<size_t>(g)]; ++i) blocks[static_cast<size_t>(g)].push_back(next++);
-    link_ = std::make_shared<StageLink>(group, chunks_, blocks);
+    return blocks;
+  }
+
+  void planBuild(StagedModel& outline, const LayoutGroups& groups, ModelBuild& build) override {
+    auto group = groups.group(GroupKind::kPipeline);
+    blocks_ = partition(outline, group->size() * chunks_);
+    std::vector<int> mine;
+    for (int c = 0; c < chunks_; ++c) {
+      const auto& b = blocks_[static_cast<size_t>(c * group->size() + group->rank())];
+      mine.insert(mine.end(), b.begin(), b.end());
+    }
+    std::sort(mine.begin(), mine.end());
+    build.blocks = mine;
+    build.embed = group->rank() == 0;
+    build.head = group->rank() == group->size() - 1;
+  }
+
+  void apply(StagedModel& model, const LayoutGroups& groups) override {
+    auto group = groups.group(GroupKind::kPipeline);
+    const int stages = group->size();
+    if (blocks_.empty()) blocks_ = partition(model, stages * chunks_);  // built whole, without planBuild
+    link_ = std::make_shared<StageLink>(group, chunks_, blocks_);
 
     // What this stage holds.
     std::vector<std::string> local;
@@ -103,14 +122,19 @@ class PipelineParallel final : public ParallelPlugin {
     for (auto& item : model.module().named_parameters()) {
       const std::string& name = item.key();
       at::Tensor& param = item.value();
+      ParameterPlacement& placement = model.placement.edit(name);
       const bool isShared = std::find(shared.begin(), shared.end(), name) != shared.end();
       if (startsWithAny(name, local)) {
+        placement.stage = link_->rank();
         if (isShared) tied_.push_back(param);
       } else if (isShared && link_->isLastStage()) {
-        model.mirrored_parameters.insert(name);
+        placement.stage = 0;  // the embedding's owner
+        placement.mirror = true;
         tied_.push_back(param);
       } else {
-        model.remote_parameters.insert(name);
+        // Built here but another stage's (e.g. the positions of an embedding
+        // the last stage builds only for its tied weight).
+        placement.held = false;
         param.set_data(at::empty({0}, param.options()));
         param.requires_grad_(false);
         continue;
@@ -180,11 +204,11 @@ class PipelineParallel final : public ParallelPlugin {
           x = link_->recvActivation(g, pass.micro == 0).requires_grad_(true);
           slot.input = x;
         }
-        for (int block : link_->blocksOf(g)) x = model.runBlock(block, x);
+        for (int block : link_->blocksOf(g)) x = run.run_block(block, x);
         if (last) {
-          LossOutput out = model.head(x, batch);
+          LossOutput out = run.loss(x, batch);
           lossSum += out.loss_sum.item<double>();
-          slot.output = out.loss_sum * run.loss_scale;
+          slot.output = run.backwardLoss(out.loss_sum);
         } else {
           slot.output = x;
           link_->sendActivation(g + 1, x.detach(), pass.micro == 0);
@@ -231,9 +255,11 @@ class PipelineParallel final : public ParallelPlugin {
   // (stage 0) can report them all.
   void recordStats(double busy, double idle, int mostAlive, int m) {
     const int p = link_->stages();
-    at::Tensor mine = torch::tensor({busy, idle, static_cast<double>(mostAlive), peakRssMb()}, torch::kFloat64);
-    at::Tensor all = torch::empty({p * 4}, torch::kFloat64);
+    const auto options = torch::TensorOptions(torch::kFloat64).device(device_);
+    at::Tensor mine = torch::tensor({busy, idle, static_cast<double>(mostAlive), peakRssMb()}, options);
+    at::Tensor all = torch::empty({p * 4}, options);
     link_->group().allgather(all, mine)->wait();
+    all = all.cpu();
     const double* v = all.data_ptr<double>();
     stats_.clear();
     double bubble = 0;
@@ -252,9 +278,11 @@ class PipelineParallel final : public ParallelPlugin {
     stats_["pp_inflight_max"] = inflight;
   }
 
+  at::Device device_{at::kCPU};
   int chunks_ = 1;
   ScheduleKind kind_ = ScheduleKind::kOneFOneB;
   std::vector<int> layout_;
+  std::vector<std::vector<int>> blocks_;  // per virtual stage
   std::shared_ptr<StageLink> link_;
   std::vector<at::Tensor> tied_;  // on the first and the last stage
   std::map<std::string, double> stats_;

@@ -126,7 +126,7 @@ at::Tensor StageLink::forwardBlocks(StagedModel& model, const at::Tensor& embedd
       x = tensorFromHeader(header, device_, peer, tag);
       waitTimed(*group_->recv(x, peer, {tag}));
     }
-    for (int block : blocksOf(g)) x = model.runBlock(block, x);
+    for (int block : blocksOf(g)) x = model.forwardBlock(block, x);
     if (g == lastVirtualStage()) {
       result = x;
     } else {

@@ -3,8 +3,8 @@
 // apply() splits the model's ptrain::nn parallel layers across this rank's
 // tensor-parallel group (ptrain::nn::applyTensorParallel: column-parallel
 // weights by output rows, row-parallel weights by input columns, the
-// vocabulary by rows), records a ShardSpec for every split parameter and hands
-// every layer and the model the group. The layers then communicate inside
+// vocabulary by rows), records every split in the model's placement and
+// hands every layer and the model the group. The layers then communicate inside
 // forward and backward (ptrain/nn/tp_comm.h).
 //
 // With parallel.sequence_parallel, LayerNorm weights and biases and the
@@ -33,19 +33,21 @@ class TensorParallel final : public ParallelPlugin {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
   }
 
-  void apply(StagedModel& model, Communicator& comm) override {
-    auto group = comm.group(GroupKind::kTensor);
+  void apply(StagedModel& model, const LayoutGroups& groups) override {
+    auto group = groups.group(GroupKind::kTensor);
     state_ = nn::TensorParallelState::create(group, sequenceParallel_ && group->size() > 1);
     const std::vector<std::string> partial = nn::applyTensorParallel(model, state_);
     auto named = model.module().named_parameters();
     for (const auto& name : partial) partial_.push_back(named[name]);
-    logger()->debug("tensor parallel over {}: {} split parameters{}", group->name(), model.shard_specs.size(),
+    size_t split = 0;
+    for (const auto& item : named) split += model.placement.of(item.key()).shardAlong(GroupKind::kTensor) ? 1 : 0;
+    logger()->debug("tensor parallel over {}: {} split parameters{}", group->name(), split,
                     state_->sequence_parallel
                         ? ", sequence parallel with " + std::to_string(partial_.size()) + " partial gradients"
                         : std::string());
   }
 
-  void beginStep() override { state_->comm_bytes = 0; }
+  void beginStep(const StepInfo&) override { state_->comm_bytes = 0; }
 
   void finishGradients() override {
     if (partial_.empty()) return;

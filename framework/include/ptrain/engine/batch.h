@@ -17,6 +17,8 @@ struct PTRAIN_API Batch {
   int64_t size() const;
   // Rows [begin, end) of every tensor (views, no copy).
   Batch slice(int64_t begin, int64_t end) const;
+  // Every tensor on `device` (the same tensors when they are there already).
+  Batch to(at::Device device) const;
   // The tensor named `name`; throws InternalError naming it when absent.
   const at::Tensor& at(const std::string& name) const;
 };

@@ -1,21 +1,27 @@
-// Engine: the training loop of one rank.
+// Engine: a run of a recipe on one rank.
 //
-// Per step: draw the global batch (same on every rank), take this
-// data-parallel rank's slice, run forward/backward over its micro-batches
-// (loss scaled by 1 / items in the global batch), let the parallel plugins
-// finish the gradients, clip, update, then log metrics (rank 0), evaluate
-// every train.eval_every steps and checkpoint every checkpoint.every steps.
+// train() opens a TrainingSession (communicator, run folder, metrics,
+// checkpoints) and hands it to the trainer, whose default train() is
+// defaultTrainingLoop: one ModelRuntime on the recipe's layout and, per
+// step, the global batch (the same on every rank), this data-parallel rank's
+// micro-batches, runtime.step(), metrics (rank 0), evaluation every
+// train.eval_every steps and a checkpoint every checkpoint.every steps.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ptrain/launch/launcher.h"
+#include "ptrain/engine/runtime.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace ptrain {
 
+class Communicator;
 class PluginRegistry;
 class Trainer;
 
@@ -52,6 +58,58 @@ struct EngineOptions {
   std::string run_dir;
   bool resume = false;
 };
+
+// What a training run gives its trainer: the recipe, the communicator, the
+// run folder, runtimes on any layout of the job's ranks, metrics and
+// checkpoints. One per rank; every rank makes the same calls in the same order.
+class PTRAIN_API TrainingSession {
+ public:
+  // Rendezvous with the other ranks (collective). Throws what the
+  // communicator throws.
+  TrainingSession(PreparedRecipe& prepared, const RankEnv& env, EngineOptions options);
+  ~TrainingSession();
+  TrainingSession(const TrainingSession&) = delete;
+  TrainingSession& operator=(const TrainingSession&) = delete;
+
+  const Recipe& recipe() const { return prepared_.recipe; }
+  Trainer& trainer() { return *prepared_.trainer; }
+  PluginRegistry& registry() { return *prepared_.registry; }
+  Communicator& comm() { return *comm_; }
+  const RankEnv& env() const { return env_; }
+  const std::string& runDir() const { return options_.run_dir; }
+  bool resuming() const { return options_.resume; }
+  bool isRankZero() const { return env_.rank == 0; }
+  at::Device device() const { return device_; }
+
+  // Options of the recipe's own model: named "model", on the recipe's
+  // layout, device and seed, with its optimizer and parallel.* options.
+  RuntimeOptions runtimeOptions() const;
+  // A runtime built by the trainer's buildModel (collective).
+  std::unique_ptr<ModelRuntime> makeRuntime(RuntimeOptions options);
+
+  // Appends a line to RUN_DIR/metrics.jsonl (rank 0; others ignore it).
+  void writeMetrics(const nlohmann::json& line);
+  // Saves every runtime's share and `extra` (merged into meta.json) as
+  // checkpoint `step`, atomically, keeping checkpoint.keep of them.
+  // Collective over the world.
+  void saveCheckpoint(int64_t step, const std::vector<ModelRuntime*>& runtimes, const nlohmann::json& extra = {});
+  // Loads the newest checkpoint into the runtimes and restores the RNG
+  // state; returns its step. Throws CheckpointError when there is none, or it
+  // is corrupt or holds other models. Collective over the world.
+  int64_t restoreLatest(const std::vector<ModelRuntime*>& runtimes);
+
+ private:
+  PreparedRecipe& prepared_;
+  RankEnv env_;
+  EngineOptions options_;
+  at::Device device_{at::kCPU};
+  std::unique_ptr<Communicator> comm_;
+  struct Metrics;
+  std::unique_ptr<Metrics> metrics_;
+};
+
+// The engine's training loop over one runtime (Trainer::train's default).
+PTRAIN_API TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer);
 
 // Trains on this rank. Collective: every rank of the job runs it together.
 PTRAIN_API TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOptions& options);

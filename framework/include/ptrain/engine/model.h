@@ -3,15 +3,18 @@
 //
 // A model is a sequence: embed (first stage) -> blocks 0..n-1 -> head and loss
 // (last stage). The pipeline plugin gives each stage a contiguous run of
-// blocks; the tensor plugin shards the ptrain::nn parallel layers the model is
-// built from (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding);
-// the data plugin reduces gradients. With no parallelism the engine simply
-// calls embed, every block, then head.
+// blocks, and the stage builds only those (ModelBuild); the tensor plugin
+// shards the ptrain::nn parallel layers the model is built from
+// (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding); the data
+// plugin reduces gradients. Each plugin records what it did to a parameter in
+// `placement`. With no parallelism the engine simply calls embed, every
+// block, then head.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
-#include <set>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +22,7 @@
 #include <torch/nn/module.h>
 
 #include "ptrain/engine/batch.h"
+#include "ptrain/engine/placement.h"
 
 namespace ptrain {
 
@@ -36,18 +40,6 @@ struct LossOutput {
   double count = 0;     // items in loss_sum
 };
 
-// How one parameter is split across the tensor-parallel group: this rank
-// holds slice `index` of `num_shards` equal slices along `dim` of a tensor
-// whose full size along `dim` is `full_size`. Parameters without a spec are
-// replicated. Set by the tensor plugin; read by the engine to count gradient
-// norms once, and to save checkpoints unsharded and reshard them on load.
-struct ShardSpec {
-  int dim = 0;
-  int num_shards = 1;
-  int index = 0;
-  int64_t full_size = 0;
-};
-
 // What a model tells the tensor plugin about itself (docs/tensor_parallel.md).
 struct TensorParallelPlan {
   // The ptrain::nn parallel layers the model is built from, each with its
@@ -58,6 +50,25 @@ struct TensorParallelPlan {
   // sequence shards only (LayerNorm weights and biases). The plugin
   // all-reduces their gradients over the tensor-parallel group.
   std::vector<std::string> sequence_parallel_params;
+};
+
+// Which parts of a model one rank builds. A pipeline stage builds only its
+// own blocks, plus the embedding on the first stage and the head on the last
+// (the runtime asks the pipeline plugin, ParallelPlugin::planBuild). A model
+// draws every parameter's initial values from a stream of its own (seeded by
+// the model's seed and the parameter's name), so a parameter starts from the
+// same values whichever other parts a rank builds.
+struct PTRAIN_API ModelBuild {
+  // Blocks to build, ascending; nullopt: every block.
+  std::optional<std::vector<int>> blocks;
+  bool embed = true;  // the parts before the blocks (embedPrefixes)
+  bool head = true;   // the parts after them (headPrefixes)
+
+  bool buildsBlock(int index) const;
+  bool whole() const { return !blocks && embed && head; }
+  // Nothing at all: an outline that still answers numBlocks(), blockPrefix()
+  // and blockCost(), for planning before the real build.
+  static ModelBuild outline();
 };
 
 class StagedModel;
@@ -85,7 +96,12 @@ class PTRAIN_API StagedModel {
   // Owns every parameter, named hierarchically (e.g. "blocks.3.mlp.fc1.weight").
   virtual torch::nn::Module& module() = 0;
 
+  // Blocks of the whole model, built here or not.
   virtual int numBlocks() const = 0;
+  // What block i costs to hold, for balancing pipeline stages: its parameter
+  // count. Must work on an outline (ModelBuild::outline()); the default counts
+  // the built block's parameters, so models built in parts override it.
+  virtual int64_t blockCost(int index);
   // Parameter-name prefix of block i (e.g. "blocks.3."), of the parts before
   // the blocks ("embed.") and after them ("head."). Used to place parameters
   // on pipeline stages and to tell norms and biases from weights.
@@ -98,7 +114,8 @@ class PTRAIN_API StagedModel {
   // batch), and so do the hidden states: a pipeline sends the shape once per
   // step.
   virtual at::Tensor embed(const Batch& micro) = 0;
-  // One block: hidden -> hidden (same shape).
+  // One block: hidden -> hidden (same shape). Only blocks this rank built.
+  // The engine and plugins call forwardBlock, which adds the runtime's hooks.
   virtual at::Tensor runBlock(int index, const at::Tensor& hidden) = 0;
   // Last stage: hidden -> loss over the micro-batch's targets.
   virtual LossOutput head(const at::Tensor& hidden, const Batch& micro) = 0;
@@ -121,7 +138,14 @@ class PTRAIN_API StagedModel {
   bool holdsHead() const { return !pipeline || pipeline->isLastStage(); }
   void shareFromHead(at::Tensor& tensor);
 
-  // Named parameters this rank holds (all but remote_parameters), in module order.
+  // Block `index` on `hidden` through the wrapper the runtime installed (its
+  // hooks: offload, recomputation, ...), or runBlock when there is none.
+  // Training, evaluation and pipelines run blocks through this.
+  at::Tensor forwardBlock(int index, const at::Tensor& hidden);
+  // Set by the runtime that owns the model.
+  std::function<at::Tensor(int index, const at::Tensor& hidden)> block_wrapper;
+
+  // Named parameters this rank holds (placement.held), in module order.
   std::vector<std::pair<std::string, at::Tensor>> localParameters();
 
   // Tensor parallelism, driven by the tensor plugin (ptrain::nn::
@@ -135,17 +159,10 @@ class PTRAIN_API StagedModel {
   virtual TensorParallelPlan tensorParallelPlan();
   virtual void setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state);
 
-  // Parameter name -> how it is sharded (absent: replicated on every rank).
-  std::map<std::string, ShardSpec> shard_specs;
-
-  // Pipeline parallelism (set by the pipeline plugin; empty without it).
-  // Parameters of other stages: their storage is released on this rank and
-  // they take no gradient; optimizer, norms and checkpoints skip them.
-  std::set<std::string> remote_parameters;
-  // Parameters held here as a copy of another stage's (headSharedParameters
-  // on the last stage): updated identically, counted in the gradient norm
-  // and saved by their owner only.
-  std::set<std::string> mirrored_parameters;
+  // How each parameter is split, reduced, owned and mirrored across ranks,
+  // as the parallel plugins set it up (engine/placement.h).
+  Placement placement;
+  // Pipeline parallelism (set by the pipeline plugin; null without it).
   std::shared_ptr<PipelineInference> pipeline;
 };
 

@@ -1,17 +1,31 @@
-// AdamW with decoupled weight decay, learning-rate schedules and global-norm
-// gradient clipping.
+// Optimizers: one interface (parameter groups, optional fp32 master weights,
+// a step that says whether it applied, state for checkpoints), AdamW and SGD
+// behind it, learning-rate schedules and global-norm gradient clipping.
 //
-// Update rule (as torch.optim.AdamW): p -= lr * wd * p; m = b1 m + (1-b1) g;
+// AdamW (as torch.optim.AdamW): p -= lr * wd * p; m = b1 m + (1-b1) g;
 // v = b2 v + (1-b2) g^2; p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
-// Parameters with fewer than two dimensions (biases, norm scales) get no
-// weight decay. float32 tensors in host memory are updated by one fused pass
-// per tensor (engine/adamw_kernel.cpp); others by multi-tensor (foreach)
-// kernels. SGD (as torch.optim.SGD): g += wd * p; buf = momentum * buf + g;
+// float32 tensors in host memory are updated by one fused pass per tensor
+// (engine/adamw_kernel.cpp); others by multi-tensor (foreach) kernels.
+// SGD (as torch.optim.SGD): g += wd * p; buf = momentum * buf + g;
 // p -= lr * buf (buf = g without momentum).
+//
+// Parameter groups: makeOptimizer puts tensors of two or more dimensions in
+// a group with weight decay and the rest (biases, norm scales) in one
+// without, as Megatron-LM does. Each group has its own weight decay and a
+// learning-rate multiplier.
+//
+// Master weights (OptimizerOptions::master_weights): for every parameter that
+// is not float32 the optimizer keeps a float32 copy, updates the copy from the
+// gradient (read as float32) and writes the rounded result back into the
+// parameter, so low-precision training accumulates its updates in float32
+// (Megatron's main params). The copies are part of state() ("master.<name>").
+//
+// Thread-safety: one thread at a time.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,7 +37,7 @@ namespace ptrain {
 
 class Recipe;
 
-struct OptimizerOptions {
+struct PTRAIN_API OptimizerOptions {
   std::string name = "adamw";  // adamw | sgd
   double lr = 1e-3;
   double min_lr = 0;
@@ -36,48 +50,102 @@ struct OptimizerOptions {
   std::string schedule = "constant";  // constant | linear | cosine
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
+  bool master_weights = false;  // float32 copies of parameters of other dtypes
   static OptimizerOptions fromRecipe(const Recipe& recipe);
 };
 
-// Learning rate of `step` (0-based): linear warm-up from lr/warmup to lr over
-// warmup_steps, then constant, or linear / cosine decay to min_lr at total_steps.
+// Learning rate of applied step `step` (0-based): linear warm-up from
+// lr/warmup to lr over warmup_steps, then constant, or linear / cosine decay
+// to min_lr at total_steps.
 PTRAIN_API double learningRate(const OptimizerOptions& options, int64_t step);
+
+// Parameters updated with the same hyper-parameters.
+struct ParamGroup {
+  std::string name;           // e.g. "decay", "no_decay"
+  double weight_decay = 0;    // decoupled (adamw) or L2 penalty (sgd)
+  double lr_scale = 1;        // multiplies the step's learning rate
+  std::vector<size_t> index;  // positions in Optimizer::parameters()
+};
 
 class PTRAIN_API Optimizer {
  public:
-  // `named` parameters, in a stable order; the optimizer keeps references.
-  Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, OptimizerOptions options);
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // "adamw", "sgd".
+  virtual const char* name() const = 0;
 
   // One update with learning rate `lr`, each gradient multiplied by
-  // `gradScale` first (the clipping coefficient; later also 1 / loss scale).
-  // The gradients themselves are left as they are, except on the foreach path
-  // where they are scaled in place. Parameters without a gradient are skipped.
-  void step(double lr, double gradScale = 1.0);
+  // `gradScale` first (the clipping coefficient, and 1 / loss scale). The
+  // gradients themselves are left as they are, except on the foreach path
+  // where they are scaled in place. Parameters without a gradient are
+  // skipped. Returns whether the update was applied; only applied steps count
+  // (stepCount) and move the learning-rate schedule on.
+  bool step(double lr, double gradScale = 1.0);
   void zeroGrad();
+  // Applied steps so far (restored from checkpoints).
   int64_t stepCount() const { return step_; }
-  const OptimizerOptions& options() const { return options_; }
-  // The parameters it updates, in order.
+
+  // The parameters it updates, in the order they were given, and their names.
   const std::vector<at::Tensor>& parameters() const { return params_; }
   const std::vector<std::string>& parameterNames() const { return names_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  // The float32 copy of parameter i, or an undefined tensor.
+  const at::Tensor& master(size_t i) const { return master_[i]; }
 
-  // State as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>") for
-  // checkpoints, and back. load() checks names and shapes (CheckpointError).
+  // State as named tensors "<slot>.<param>" (e.g. "exp_avg.blocks.0.w",
+  // "master.blocks.0.w") for checkpoints, parameter by parameter, and back.
+  // load() checks names and shapes (CheckpointError) and restores the count
+  // of applied steps.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   void load(const std::map<std::string, at::Tensor>& state, int64_t stepCount);
 
+ protected:
+  // `named` in a stable order (parameters without requires_grad are left
+  // out); every kept parameter in exactly one group. Slots: the per-parameter
+  // state tensors the optimizer keeps (e.g. {"exp_avg", "exp_avg_sq"}),
+  // created as zeros shaped like the parameter, float32 when it has a master.
+  Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+            std::vector<std::string> slots, bool masterWeights);
+
+  // One parameter's part of an update.
+  struct Item {
+    size_t index;          // into parameters()
+    at::Tensor target;     // what to update: the parameter, or its float32 master
+    at::Tensor grad;       // its gradient (float32 when there is a master)
+    double lr;             // the step's lr times the group's lr_scale
+    double weight_decay;   // the group's
+  };
+  // Updates every item; `count` is the applied step being made (1-based).
+  virtual void update(const std::vector<Item>& items, double gradScale, int64_t count) = 0;
+  // State slot `s` (in the order given to the constructor) of parameter i.
+  at::Tensor& slot(size_t s, size_t i) { return slots_[s][i]; }
+
  private:
-  OptimizerOptions options_;
   std::vector<std::string> names_;
-  std::vector<at::Tensor> params_, expAvg_, expAvgSq_;
-  std::vector<bool> hasDecay_;
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> master_;
+  std::vector<ParamGroup> groups_;
+  std::vector<size_t> groupOf_;
+  std::vector<std::string> slotNames_;
+  std::vector<std::vector<at::Tensor>> slots_;
   int64_t step_ = 0;
 };
 
+// The optimizer `options.name` over `named`, in the default groups: weight
+// decay for tensors of two or more dimensions, none for the others.
+PTRAIN_API std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
+                                                    const OptimizerOptions& options);
+// The same with groups of the caller's choosing (each parameter in exactly one).
+PTRAIN_API std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
+                                                    std::vector<ParamGroup> groups, const OptimizerOptions& options);
+
 // The global L2 norm of the gradients of `params`. `counted` says which of
 // them this rank adds to the norm (empty: all), so a parameter replicated
-// across tensor-parallel ranks is counted once; `sumSquares`, when given,
-// turns the local sum of squares (float64 scalar) into the global one (e.g. an
-// all-reduce over the model-parallel group).
+// across ranks is counted once; `sumSquares`, when given, turns the local sum
+// of squares (a float64 scalar on the gradients' device) into the global one
+// (e.g. an all-reduce over the world).
 PTRAIN_API double globalGradNorm(const std::vector<at::Tensor>& params,
                                  const std::function<void(at::Tensor&)>& sumSquares = {},
                                  const std::vector<bool>& counted = {});

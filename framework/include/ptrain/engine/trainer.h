@@ -1,7 +1,9 @@
 // Trainer: the interface of a `trainer` plugin. A trainer owns one task: its
 // recipe keys (model.*, data.*), its data, its model and its evaluation metric.
 // The engine owns everything else (parallelism, precision, optimizer, loop,
-// checkpoints, metrics).
+// checkpoints, metrics). A trainer whose task is not "one model, batches that
+// are a pure function of the step" (reinforcement learning with several
+// models, say) overrides train() and drives runtimes itself.
 #pragma once
 
 #include <functional>
@@ -24,7 +26,11 @@ struct EvalContext {
   int shard = 0;
   int num_shards = 1;
   std::function<void(at::Tensor&)> all_reduce_sum;
+  at::Device device{at::kCPU};  // where the model computes (and sums live)
 };
+
+class TrainingSession;
+struct TrainSummary;
 
 class PTRAIN_API Trainer : public Plugin {
  public:
@@ -37,9 +43,13 @@ class PTRAIN_API Trainer : public Plugin {
   // ConfigError (via recipe.fail) for values that are valid alone but not
   // together (e.g. a sequence too short for the problems).
   virtual void setup(const Recipe& recipe) = 0;
-  // A new model with freshly initialised weights; the engine seeds torch's
-  // generator first, so equal seeds give equal weights.
-  virtual std::shared_ptr<StagedModel> buildModel() = 0;
+  // A new model with freshly initialised weights, holding the parts `build`
+  // names (every part by default; an outline holds none). The engine seeds
+  // torch's generator first, so equal seeds give equal weights; every
+  // parameter must draw from a stream of its own (seeded from the generator
+  // and its name), so a part starts from the same values whichever other
+  // parts are built.
+  virtual std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) = 0;
   // The global batch of `step` (0-based): a pure function of the seed, the
   // step and the size, so every rank draws the same one and splits it.
   virtual Batch globalBatch(int64_t step, int64_t globalBatchSize) = 0;
@@ -53,6 +63,11 @@ class PTRAIN_API Trainer : public Plugin {
   virtual double trainFlops(double tokens) const { return 0; }
   // Metrics named eval_* (e.g. eval_exact_match in [0, 1], eval_loss).
   virtual std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) = 0;
+
+  // Runs the whole training on this rank (collective over the job). The
+  // default is the engine's loop over one runtime (defaultTrainingLoop in
+  // engine.h): globalBatch per step, evaluation, checkpoints, metrics.
+  virtual TrainSummary train(TrainingSession& session);
 };
 
 }  // namespace ptrain

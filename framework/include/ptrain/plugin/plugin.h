@@ -13,6 +13,7 @@
 #include <string>
 
 #include <boost/dll/alias.hpp>
+#include <c10/core/Device.h>
 #include <torch/version.h>
 
 #include "ptrain/core/error.h"
@@ -27,7 +28,7 @@ class Recipe;
 
 // Bumped whenever a class crossing the plugin boundary changes layout or
 // virtual table. A plugin built against another ABI version is refused.
-inline constexpr uint32_t kPluginAbiVersion = 1;
+inline constexpr uint32_t kPluginAbiVersion = 2;
 
 // Kinds of plugin the core knows how to use.
 namespace plugin_kind {
@@ -45,6 +46,9 @@ struct PluginContext {
   const Recipe* recipe = nullptr;          // resolved recipe; null in `ptrain plugins`
   int rank = 0;                            // global rank of this process
   int world_size = 1;
+  // Where the plugin's model computes (train.device): parameters, activations
+  // and the scalars that go through collectives live there.
+  at::Device device{at::kCPU};
 };
 
 // Base of every plugin object. Dispatch on kind() and static_cast to the kind's

@@ -1,0 +1,164 @@
+// ModelRuntime: one model on one layout of the job's ranks, with its parallel
+// plugins, its optimizer and its share of checkpoints, offering a training
+// step (micro-batches and a loss function in, a StepResult out) and
+// inference.
+//
+// Building one (collective over the communicator's world):
+//   1. the parallel plugins the layout needs are created (parallelPluginsFor:
+//      tensor, expert, pipeline, data) from the plugin registry;
+//   2. an outline of the model (ModelBuild::outline()) lets them plan which
+//      parts this rank builds (the pipeline keeps its stage's blocks);
+//   3. torch's generator is seeded with `seed` and the factory builds those
+//      parts; every parameter draws its values from its own stream, so every
+//      layout starts from the single-rank weights;
+//   4. each plugin applies itself in order, recording placements;
+//   5. the optimizer takes the parameters this rank holds (none when the
+//      model is not trained, e.g. a frozen reference or a rollout copy).
+//
+// The default training loop (engine.h, train()) drives one runtime. A task
+// may drive several on different layouts of the same ranks (an actor, a
+// frozen reference and a rollout model), produce batches from one with
+// inference and train another on them (TrainingSession, engine.h).
+//
+// Thread-safety: one thread per rank drives a runtime; every rank of the
+// job calls the same runtime methods in the same order (steps, evaluations
+// and checkpoints are collective).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "ptrain/engine/batch.h"
+#include "ptrain/engine/hooks.h"
+#include "ptrain/engine/model.h"
+#include "ptrain/engine/optimizer.h"
+#include "ptrain/layout/parallel_layout.h"
+
+namespace ptrain {
+
+class Communicator;
+class LayoutGroups;
+class ParallelPlugin;
+class PluginRegistry;
+class Plugin;
+class Recipe;
+struct EvalContext;
+
+// Builds the parts of the model that `build` names (Trainer::buildModel).
+using ModelFactory = std::function<std::shared_ptr<StagedModel>(const ModelBuild& build)>;
+// The loss of one micro-batch from the head's input (the last stage's
+// hidden states). The default is StagedModel::head.
+using LossFunction = std::function<LossOutput(StagedModel& model, const at::Tensor& hidden, const Batch& micro)>;
+
+struct RuntimeOptions {
+  std::string name = "model";  // in logs; prefixes its checkpoint files unless it is "model"
+  ParallelLayout layout{LayoutSizes{}};  // over the communicator's world
+  at::Device device{at::kCPU};
+  uint64_t seed = 0;           // torch's generator is seeded with it before the model is built
+  // Options the parallel plugins read (parallel.*); null: their defaults.
+  const Recipe* recipe = nullptr;
+  // The optimizer; nullopt: the model is not trained (step() refuses).
+  std::optional<OptimizerOptions> optimizer;
+};
+
+// One training step's input.
+struct StepInput {
+  int64_t step = 0;  // 0-based index of the step (dropout streams under a pipeline, hooks)
+  // This data-parallel rank's micro-batches, equal in shape (microBatches()).
+  std::vector<Batch> micro_batches;
+  // Items the loss is averaged over in the whole global batch (e.g. answer
+  // tokens over every data-parallel rank): backward runs on loss_sum /
+  // loss_divisor, so every split of the batch yields the single-rank gradient.
+  double loss_divisor = 1;
+  LossFunction loss;  // empty: the model's head
+};
+
+class PTRAIN_API ModelRuntime {
+ public:
+  // Builds the model and distributes it (see above). `registry` must outlive
+  // the runtime (it keeps the plugin libraries loaded). Throws ConfigError
+  // for a model that cannot take the layout (e.g. heads not divisible by tp),
+  // PluginLoadError for a missing plugin.
+  ModelRuntime(Communicator& comm, PluginRegistry& registry, const ModelFactory& factory, RuntimeOptions options);
+  ~ModelRuntime();
+  ModelRuntime(const ModelRuntime&) = delete;
+  ModelRuntime& operator=(const ModelRuntime&) = delete;
+
+  const std::string& name() const { return options_.name; }
+  StagedModel& model() { return *model_; }
+  std::shared_ptr<StagedModel> sharedModel() { return model_; }
+  const LayoutGroups& groups() const { return *groups_; }
+  const ParallelLayout& layout() const { return options_.layout; }
+  at::Device device() const { return options_.device; }
+  // Null when the model is not trained.
+  Optimizer* optimizer() { return optimizer_.get(); }
+  const std::vector<ParallelPlugin*>& parallelPlugins() const { return parallel_; }
+
+  // Adds hooks after the parallel plugins (precision, offload, a test's).
+  // Before the first step.
+  void addHooks(std::shared_ptr<StepHooks> hooks);
+
+  // This data-parallel rank's slice of a global batch, cut into micro-batches
+  // of `microBatchSize` rows (0: one micro-batch), moved to the device.
+  // Throws ConfigError when the rows do not split evenly.
+  std::vector<Batch> microBatches(const Batch& globalBatch, int64_t microBatchSize) const;
+
+  // One training step: forward and backward over the micro-batches, the
+  // hooks' gradient work, clipping, and (unless a hook vetoes it) the
+  // optimizer step. Collective over the world.
+  StepResult step(const StepInput& input);
+
+  // For a trainer's evaluation: this rank's data-parallel shard, a sum over
+  // the data-parallel group, the device.
+  EvalContext evalContext() const;
+  // Runs `fn` with the model in eval mode and no gradient, then back to
+  // train mode. Collective when `fn` is.
+  void inference(const std::function<void(StagedModel& model, const EvalContext& ctx)>& fn);
+
+  // Checkpoint share (collective over the world): this runtime's parameters
+  // and optimizer state, gathered full-size to the world's rank 0 (other
+  // ranks get empty lists). Names are parameter names; optimizer entries
+  // "<slot>.<param>".
+  struct Tensors {
+    std::vector<std::pair<std::string, at::Tensor>> parameters;
+    std::vector<std::pair<std::string, at::Tensor>> optimizer;
+  };
+  Tensors gatherForCheckpoint();
+  // Loads full-size tensors (from any layout) into this rank's shards, and the
+  // optimizer state with its applied-step count. Collective over the world.
+  // Throws CheckpointError naming `where` when a tensor is missing, has
+  // another shape, or the checkpoint holds another model.
+  void loadCheckpoint(const std::map<std::string, at::Tensor>& parameters,
+                      const std::map<std::string, at::Tensor>& optimizerState, int64_t optimizerSteps,
+                      const std::string& where);
+  // File names of this runtime's share of a checkpoint folder:
+  // "model.safetensors" / "optimizer.safetensors" for the runtime named
+  // "model", "<name>.model.safetensors" / "<name>.optimizer.safetensors" else.
+  std::string checkpointFile(bool optimizerState) const;
+
+ private:
+  at::Tensor runBlock(int index, const at::Tensor& input);
+  LossOutput runLoss(const StepInput& input, const at::Tensor& hidden, const Batch& micro);
+
+  Communicator& comm_;
+  RuntimeOptions options_;
+  std::shared_ptr<const LayoutGroups> groups_;
+  std::vector<std::unique_ptr<Plugin>> pluginObjects_;
+  std::vector<ParallelPlugin*> parallel_;
+  std::vector<std::shared_ptr<StepHooks>> extraHooks_;
+  std::vector<StepHooks*> hooks_;  // parallel plugins, then the extra hooks
+  bool observeBlocks_ = false;
+  // Per block: what runs when backward reaches its output, and its input.
+  std::vector<std::pair<std::function<void()>, std::function<void()>>> blockEvents_;
+  std::shared_ptr<StagedModel> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<bool> countedInNorm_;  // per optimizer parameter
+};
+
+}  // namespace ptrain

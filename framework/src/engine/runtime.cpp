@@ -1,0 +1,416 @@
+#include "ptrain/engine/runtime.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "ptrain/comm/communicator.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/parallel.h"
+#include "ptrain/engine/parallel_plugins.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/plugin/registry.h"
+
+namespace ptrain {
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Identity in the forward pass; its backward calls `onBackward` when the
+// gradient passes through. The runtime puts one on a block's output
+// (beforeBlockBackward) and one on its input (afterBlockBackward).
+struct BlockEdge : public torch::autograd::Function<BlockEdge> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const std::function<void()>* onBackward) {
+    ctx->saved_data["hook"] = reinterpret_cast<int64_t>(onBackward);
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* onBackward = reinterpret_cast<const std::function<void()>*>(ctx->saved_data["hook"].toInt());
+    (*onBackward)();
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// The full tensor of a shard along one axis: gathered over that axis's group.
+at::Tensor gatherAlong(const at::Tensor& shard, const ShardSpec& spec, ProcessGroup& group) {
+  PTRAIN_CHECK(spec.num_shards == group.size(), "shard of ", spec.num_shards, " slices along ", toString(spec.axis),
+               ", but the group has ", group.size(), " ranks");
+  // The group gathers dim-0 blocks: move the split dimension to the front.
+  at::Tensor front = shard.detach().transpose(0, spec.dim).contiguous();
+  std::vector<int64_t> fullShape = front.sizes().vec();
+  fullShape[0] *= spec.num_shards;
+  at::Tensor gathered = torch::empty(fullShape, front.options());
+  group.allgather(gathered, front)->wait();
+  return gathered.transpose(0, spec.dim).contiguous();
+}
+
+at::Tensor unshard(const at::Tensor& local, const ParameterPlacement& placement, const LayoutGroups& groups) {
+  at::Tensor out = local.detach();
+  for (const auto& spec : placement.shards) out = gatherAlong(out, spec, *groups.group(spec.axis));
+  return out;
+}
+
+// Every stage's named tensors on stage 0 (in stage order); other stages get
+// back what they passed. Each stage sends a description (names, dtypes,
+// shapes as JSON) and then the tensors, point to point. Tensors arrive on the
+// host.
+NamedTensors gatherToFirstStage(NamedTensors mine, ProcessGroup& group) {
+  if (group.size() == 1) return mine;
+  if (group.rank() != 0) {
+    nlohmann::json description = nlohmann::json::array();
+    for (const auto& [name, t] : mine) {
+      description.push_back({{"name", name}, {"dtype", static_cast<int>(t.scalar_type())}, {"shape", t.sizes().vec()}});
+    }
+    const std::string text = description.dump();
+    at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+    at::Tensor bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+    std::vector<std::shared_ptr<Work>> sends{group.send(length, 0), group.send(bytes, 0)};
+    std::vector<at::Tensor> payloads;
+    for (const auto& [name, t] : mine) {
+      payloads.push_back(t.detach().cpu().contiguous());
+      sends.push_back(group.send(payloads.back(), 0));
+    }
+    for (auto& w : sends) w->wait();
+    return mine;
+  }
+  NamedTensors all = std::move(mine);
+  for (int stage = 1; stage < group.size(); ++stage) {
+    at::Tensor length = torch::empty({1}, torch::kInt64);
+    group.recv(length, stage)->wait();
+    at::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kUInt8);
+    group.recv(bytes, stage)->wait();
+    auto description = nlohmann::json::parse(
+        std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel())));
+    for (const auto& entry : description) {
+      at::Tensor t = torch::empty(entry.at("shape").get<std::vector<int64_t>>(),
+                                  torch::TensorOptions().dtype(static_cast<at::ScalarType>(entry.at("dtype").get<int>())));
+      group.recv(t, stage)->wait();
+      all.emplace_back(entry.at("name").get<std::string>(), t);
+    }
+  }
+  return all;
+}
+
+// "<slot>.<param>" -> "<param>".
+std::string parameterOfState(const std::string& stateName) { return stateName.substr(stateName.find('.') + 1); }
+
+std::string shapeString(at::IntArrayRef sizes) {
+  std::ostringstream os;
+  os << sizes;
+  return os.str();
+}
+
+// Restores train mode on every exit path of an inference.
+struct TrainModeAgain {
+  torch::nn::Module& module;
+  ~TrainModeAgain() { module.train(); }
+};
+
+}  // namespace
+
+ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const ModelFactory& factory,
+                           RuntimeOptions options)
+    : comm_(comm), options_(std::move(options)) {
+  PTRAIN_CHECK(factory != nullptr, "runtime '", options_.name, "': no model factory");
+  groups_ = comm_.groupsFor(options_.layout);
+
+  PluginContext ctx;
+  ctx.logger = logger();
+  ctx.recipe = options_.recipe;
+  ctx.rank = comm_.rank();
+  ctx.world_size = comm_.worldSize();
+  ctx.device = options_.device;
+  for (const auto& name : parallelPluginsFor(options_.layout.sizes())) {
+    pluginObjects_.push_back(registry.create(plugin_kind::kParallel, name, ctx, "parallel"));
+    parallel_.push_back(static_cast<ParallelPlugin*>(pluginObjects_.back().get()));
+  }
+
+  // Which parts this rank builds: asked of an outline, before any weight exists.
+  ModelBuild build;
+  {
+    std::shared_ptr<StagedModel> outline = factory(ModelBuild::outline());
+    for (auto* p : parallel_) p->planBuild(*outline, *groups_, build);
+  }
+  torch::manual_seed(options_.seed);
+  model_ = factory(build);
+  PTRAIN_CHECK(model_ != nullptr, "runtime '", options_.name, "': the model factory returned nothing");
+  if (options_.device != at::Device(at::kCPU)) model_->module().to(options_.device);
+  model_->module().train();
+  // What the build drew depends on the parts this rank built; what comes
+  // next (dropout) must not.
+  torch::manual_seed(options_.seed + 1);
+  for (auto* p : parallel_) p->apply(*model_, *groups_);
+
+  for (auto* p : parallel_) hooks_.push_back(p);
+  for (auto* h : hooks_) observeBlocks_ = observeBlocks_ || h->observesBlockBackward();
+  model_->block_wrapper = [this](int index, const at::Tensor& input) { return runBlock(index, input); };
+  // The backward events of each block, called from autograd nodes that point
+  // at them (so they live as long as the runtime).
+  for (int b = 0; b < model_->numBlocks(); ++b) {
+    auto before = [this, b] {
+      for (auto* h : hooks_)
+        if (h->observesBlockBackward()) h->beforeBlockBackward(b);
+    };
+    auto after = [this, b] {
+      for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it)
+        if ((*it)->observesBlockBackward()) (*it)->afterBlockBackward(b);
+    };
+    blockEvents_.emplace_back(before, after);
+  }
+
+  if (options_.optimizer) {
+    optimizer_ = makeOptimizer(model_->localParameters(), *options_.optimizer);
+    for (const auto& name : optimizer_->parameterNames()) {
+      countedInNorm_.push_back(model_->placement.countedInNorm(name, options_.layout, comm_.rank()));
+    }
+  }
+}
+
+ModelRuntime::~ModelRuntime() {
+  // The model may outlive the runtime (sharedModel()): it must not call back.
+  if (model_) model_->block_wrapper = nullptr;
+}
+
+void ModelRuntime::addHooks(std::shared_ptr<StepHooks> hooks) {
+  PTRAIN_CHECK(hooks != nullptr, "runtime '", options_.name, "': null hooks");
+  hooks_.push_back(hooks.get());
+  observeBlocks_ = observeBlocks_ || hooks->observesBlockBackward();
+  extraHooks_.push_back(std::move(hooks));
+}
+
+std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t microBatchSize) const {
+  auto dpGroup = groups_->group(GroupKind::kData);
+  const int64_t dp = dpGroup->size();
+  const int64_t rows = globalBatch.size();
+  PTRAIN_CHECK_AS(ConfigError, rows % dp == 0, "a global batch of ", rows, " rows does not split over ", dp,
+                  " data-parallel ranks");
+  const int64_t local = rows / dp;
+  const int64_t micro = microBatchSize > 0 ? microBatchSize : local;
+  PTRAIN_CHECK_AS(ConfigError, micro > 0 && local % micro == 0, "a data-parallel share of ", local,
+                  " rows does not split into micro-batches of ", micro);
+  Batch mine = globalBatch.slice(dpGroup->rank() * local, (dpGroup->rank() + 1) * local);
+  std::vector<Batch> out;
+  for (int64_t m = 0; m < local / micro; ++m) out.push_back(mine.slice(m * micro, (m + 1) * micro).to(device()));
+  return out;
+}
+
+at::Tensor ModelRuntime::runBlock(int index, const at::Tensor& input) {
+  BlockRunner next = [this, index](const at::Tensor& x) { return model_->runBlock(index, x); };
+  // The first hook ends up outermost.
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) {
+    StepHooks* hook = *it;
+    next = [hook, index, inner = std::move(next)](const at::Tensor& x) { return hook->runBlock(index, x, inner); };
+  }
+  if (!observeBlocks_ || !torch::GradMode::is_enabled()) return next(input);
+
+  // An input without gradient (a frozen embedding) would never report that
+  // backward passed it: give it a gradient of its own, which nothing reads.
+  at::Tensor in = input.requires_grad() ? input : input.detach().requires_grad_(true);
+  in = BlockEdge::apply(in, &blockEvents_[static_cast<size_t>(index)].second);
+  return BlockEdge::apply(next(in), &blockEvents_[static_cast<size_t>(index)].first);
+}
+
+LossOutput ModelRuntime::runLoss(const StepInput& input, const at::Tensor& hidden, const Batch& micro) {
+  return input.loss ? input.loss(*model_, hidden, micro) : model_->head(hidden, micro);
+}
+
+StepResult ModelRuntime::step(const StepInput& input) {
+  PTRAIN_CHECK(optimizer_ != nullptr, "runtime '", options_.name,
+               "' has no optimizer: it was built for inference only, so it cannot take a training step");
+  const auto& micro = input.micro_batches;
+  const int count = static_cast<int>(micro.size());
+  PTRAIN_CHECK(count > 0, "runtime '", options_.name, "': a step needs at least one micro-batch");
+  auto dpGroup = groups_->group(GroupKind::kData);
+  auto ppGroup = groups_->group(GroupKind::kPipeline);
+  // Under pipeline parallelism every stage draws its own dropout masks, from
+  // a stream fixed by the seed, the step and the stage (so a resumed run
+  // draws the same ones).
+  if (ppGroup->size() > 1) {
+    torch::manual_seed(options_.seed * 1000003ULL + static_cast<uint64_t>(input.step) * 1009ULL +
+                       static_cast<uint64_t>(ppGroup->rank()));
+  }
+  for (auto* h : hooks_) h->beginStep(StepInfo{input.step, count});
+  double lossScale = 1;
+  for (auto* h : hooks_) lossScale *= h->lossScale();
+
+  MicroBatchRun run;
+  run.model = model_.get();
+  run.micro_batches = &micro;
+  run.run_block = [this](int index, const at::Tensor& x) { return model_->forwardBlock(index, x); };
+  run.loss = [&](const at::Tensor& hidden, const Batch& batch) { return runLoss(input, hidden, batch); };
+  run.loss_divisor = input.loss_divisor;
+  run.loss_scale = lossScale;
+  run.before_backward = [this](int index, int total) {
+    for (auto* h : hooks_) h->beforeBackward(index, total);
+  };
+
+  double lossSum = 0;
+  bool scheduled = false;
+  for (auto* p : parallel_) {
+    if (auto sum = p->runMicroBatches(run)) {
+      lossSum = *sum;
+      scheduled = true;
+      break;
+    }
+  }
+  if (!scheduled) {
+    for (int m = 0; m < count; ++m) {
+      const Batch& batch = micro[static_cast<size_t>(m)];
+      run.before_backward(m, count);
+      at::Tensor hidden = model_->embed(batch);
+      for (int b = 0; b < model_->numBlocks(); ++b) hidden = model_->forwardBlock(b, hidden);
+      LossOutput out = run.loss(hidden, batch);
+      run.backwardLoss(out.loss_sum).backward();
+      lossSum += out.loss_sum.item<double>();
+    }
+  }
+  // Unwound in reverse order: data-parallel sums first, then e.g. the
+  // tensor-parallel sums of partial (sequence-parallel) gradients.
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->finishGradients();
+
+  StepResult result;
+  result.step = input.step;
+  result.loss_scale = lossScale;
+  // Each value is counted by one rank (countedInNorm_), so the world's sum is
+  // the model's.
+  std::function<void(at::Tensor&)> sumOverWorld;
+  if (comm_.worldSize() > 1) sumOverWorld = [this](at::Tensor& t) { comm_.world().allreduce(t)->wait(); };
+  const auto& params = optimizer_->parameters();
+  result.grad_norm = globalGradNorm(params, sumOverWorld, countedInNorm_) / lossScale;
+  result.lr = learningRate(*options_.optimizer, optimizer_->stepCount());
+  GradientCheck check{&params, result.grad_norm};
+  bool allowed = true;
+  for (auto* h : hooks_) allowed = h->mayStep(check) && allowed;
+  if (allowed) {
+    // Clipping and the loss scale are folded into the update: the optimizer
+    // scales each gradient as it reads it.
+    const double gradScale = clipCoefficient(result.grad_norm, options_.optimizer->clip_grad) / lossScale;
+    result.applied = optimizer_->step(result.lr, gradScale);
+  }
+  optimizer_->zeroGrad();
+
+  at::Tensor lossT = torch::tensor({lossSum}, torch::TensorOptions(torch::kFloat64).device(device()));
+  if (dpGroup->size() > 1) dpGroup->allreduce(lossT)->wait();
+  // Only the last pipeline stage computes the loss; the others add 0.
+  if (ppGroup->size() > 1) ppGroup->allreduce(lossT)->wait();
+  result.loss_sum = lossT.item<double>();
+  result.loss = result.loss_sum / input.loss_divisor;
+  for (auto* h : hooks_) h->afterStep(result);
+  for (auto* h : hooks_)
+    for (const auto& [k, v] : h->stepStats()) result.stats[k] = v;
+  return result;
+}
+
+EvalContext ModelRuntime::evalContext() const {
+  auto dpGroup = groups_->group(GroupKind::kData);
+  EvalContext ctx;
+  ctx.shard = dpGroup->rank();
+  ctx.num_shards = dpGroup->size();
+  ctx.all_reduce_sum = [dpGroup](at::Tensor& t) { dpGroup->allreduce(t)->wait(); };
+  ctx.device = device();
+  return ctx;
+}
+
+void ModelRuntime::inference(const std::function<void(StagedModel& model, const EvalContext& ctx)>& fn) {
+  torch::NoGradGuard noGrad;
+  model_->module().eval();
+  TrainModeAgain again{model_->module()};
+  fn(*model_, evalContext());
+}
+
+std::string ModelRuntime::checkpointFile(bool optimizerState) const {
+  const std::string kind = optimizerState ? "optimizer" : "model";
+  return (options_.name == "model" ? kind : options_.name + "." + kind) + ".safetensors";
+}
+
+ModelRuntime::Tensors ModelRuntime::gatherForCheckpoint() {
+  torch::NoGradGuard noGrad;
+  const Placement& placement = model_->placement;
+  // This stage's own tensors: held here, and not a copy of another stage's.
+  NamedTensors params, state;
+  for (auto& [name, t] : model_->localParameters()) {
+    if (!placement.mirror(name)) params.emplace_back(name, unshard(t, placement.of(name), *groups_));
+  }
+  if (optimizer_) {
+    for (auto& [name, t] : optimizer_->state()) {
+      const std::string param = parameterOfState(name);
+      if (!placement.mirror(param)) state.emplace_back(name, unshard(t, placement.of(param), *groups_));
+    }
+  }
+  // The first rank of each stage (index 0 on every other axis of both grids)
+  // is in the world's rank 0's pipeline group: those bring every stage's
+  // tensors to rank 0.
+  auto ppGroup = groups_->group(GroupKind::kPipeline);
+  const auto& members = ppGroup->globalRanks();
+  if (std::find(members.begin(), members.end(), 0) != members.end()) {
+    params = gatherToFirstStage(std::move(params), *ppGroup);
+    state = gatherToFirstStage(std::move(state), *ppGroup);
+  }
+  Tensors out;
+  if (comm_.rank() == 0) {
+    for (auto& [name, t] : params) out.parameters.emplace_back(name, t.cpu());
+    for (auto& [name, t] : state) out.optimizer.emplace_back(name, t.cpu());
+  }
+  return out;
+}
+
+void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& parameters,
+                                  const std::map<std::string, at::Tensor>& optimizerState, int64_t optimizerSteps,
+                                  const std::string& where) {
+  torch::NoGradGuard noGrad;
+  const Placement& placement = model_->placement;
+  auto named = model_->module().named_parameters();
+  // Parameters the whole model has: each stage's own, summed over the stages.
+  int64_t owned = 0;
+  for (const auto& item : named) owned += placement.held(item.key()) && !placement.mirror(item.key()) ? 1 : 0;
+  auto ppGroup = groups_->group(GroupKind::kPipeline);
+  if (ppGroup->size() > 1) {
+    at::Tensor total = torch::tensor({owned}, torch::TensorOptions(torch::kInt64).device(device()));
+    ppGroup->allreduce(total)->wait();
+    owned = total.item<int64_t>();
+  }
+  if (static_cast<int64_t>(parameters.size()) != owned) {
+    throw CheckpointError(detail::concat(where, ": holds ", parameters.size(), " parameters, this model has ", owned,
+                                         ": the checkpoint is from another model"));
+  }
+  for (auto& item : named) {
+    const std::string& name = item.key();
+    if (!placement.held(name)) continue;  // another pipeline stage's
+    auto it = parameters.find(name);
+    if (it == parameters.end()) {
+      throw CheckpointError(
+          detail::concat(where, ": no parameter '", name, "': the checkpoint is from another model"));
+    }
+    at::Tensor source;
+    try {
+      source = placement.of(name).sliceOfFull(it->second, name);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(detail::concat(where, ": ", e.what()));
+    }
+    if (!source.sizes().equals(item.value().sizes())) {
+      throw CheckpointError(detail::concat(where, ": parameter '", name, "' has shape ",
+                                           shapeString(it->second.sizes()), ", this model has ",
+                                           shapeString(item.value().sizes()), ": the checkpoint is from another model"));
+    }
+    item.value().copy_(source);
+  }
+  if (!optimizer_) return;
+  // State is stored full-size: take this rank's slice, as for parameters.
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& [name, t] : optimizerState) {
+    const ParameterPlacement& p = placement.of(parameterOfState(name));
+    bool full = true;
+    for (const auto& s : p.shards) full = full && t.dim() > s.dim && t.size(s.dim) == s.full_size;
+    mine[name] = full && !p.shards.empty() ? p.sliceOfFull(t, name).contiguous() : t;
+  }
+  try {
+    optimizer_->load(mine, optimizerSteps);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(detail::concat(where, ": ", e.what()));
+  }
+}
+
+}  // namespace ptrain
