@@ -552,6 +552,52 @@ std::unique_ptr<Communicator> worldOf(int rank, int size, int port, const Parall
   return std::make_unique<Communicator>(env, layout, registry(), ctx, options);
 }
 
+// Each parallel plugin through the runtime, in forked ranks: three steps of
+// a layout against the same steps of the whole model on one rank.
+struct LayoutCase {
+  int world, tp, pp;
+  bool sequenceParallel;
+};
+
+class RuntimeLayouts : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(RuntimeLayouts, ThreeStepsMatchOneRank) {
+  const LayoutCase c = GetParam();
+  std::string failures = test::runRanks(c.world, [c](int rank, int size, int port) {
+    llm::LlmTrainer trainer{PluginContext{}};
+    Recipe recipe = llmRecipe(trainer, {"parallel.tensor_model_parallel_size=" + std::to_string(c.tp),
+                                        "parallel.pipeline_model_parallel_size=" + std::to_string(c.pp),
+                                        std::string("parallel.sequence_parallel=") + (c.sequenceParallel ? "true" : "false")});
+    trainer.setup(recipe);
+    const std::vector<double> reference = singleRankLosses(trainer, recipe);
+    auto comm = worldOf(rank, size, port, layoutOf(c.world, c.tp, c.pp));
+    ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
+                    llmOptions(recipe, comm->layout(), true));
+    for (int step = 0; step < 3; ++step) {
+      Batch batch = trainer.globalBatch(step, 8);
+      StepInput in;
+      in.step = step;
+      in.micro_batches = rt.microBatches(batch, 8 / (c.world / (c.tp * c.pp)) / 2);
+      in.loss_divisor = trainer.lossCount(batch);
+      StepResult r = rt.step(in);
+      EXPECT_TRUE(r.applied);
+      EXPECT_LT(test::relDiff(r.loss, reference[static_cast<size_t>(step)]), step == 0 ? 1e-5 : 1e-4)
+          << "step " << step;
+    }
+  });
+  EXPECT_EQ(failures, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, RuntimeLayouts,
+                         ::testing::Values(LayoutCase{2, 1, 1, false}, LayoutCase{2, 2, 1, false},
+                                           LayoutCase{2, 2, 1, true}, LayoutCase{4, 2, 2, true},
+                                           LayoutCase{4, 1, 2, false}),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) {
+                           const LayoutCase& c = info.param;
+                           return "world" + std::to_string(c.world) + "_tp" + std::to_string(c.tp) + "_pp" +
+                                  std::to_string(c.pp) + (c.sequenceParallel ? "_sp" : "");
+                         });
+
 // A pipeline stage builds only its own blocks, with the values the whole
 // model has there, and trains what one rank trains.
 TEST(ModelRuntimeRanks, PipelineStagesBuildOnlyTheirPartsFromTheSameWeights) {

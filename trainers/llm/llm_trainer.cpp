@@ -216,8 +216,10 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
     }
   }
 
-  at::Tensor sums = torch::tensor({correct, static_cast<double>(end - begin), lossSum, lossCount}, torch::kFloat64);
+  at::Tensor sums = torch::tensor({correct, static_cast<double>(end - begin), lossSum, lossCount},
+                                  torch::TensorOptions(torch::kFloat64).device(ctx.device));
   if (ctx.all_reduce_sum) ctx.all_reduce_sum(sums);
+  sums = sums.cpu();
   const double total = sums[1].item<double>();
   const double count = sums[3].item<double>();
   std::map<std::string, double> out;
