@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <functional>
 
+#include "ptrain/core/text.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/recipe/recipe.h"
-#include "recipe/text_util.h"
 
 namespace ptrain {
 namespace {
