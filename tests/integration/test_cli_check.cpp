@@ -161,6 +161,25 @@ TEST(CliCheck, LayoutProblemsOneLineEach) {
                   "sizes whose product divides 2 (1 or 2)"});
 }
 
+// A key that is planned but not built refuses a value that would not run,
+// from the file or the command line; its default and what runs today pass.
+TEST(CliCheck, ReservedKeysRefuseWhatIsNotBuilt) {
+  TempDir dir;
+  std::string path = dir.write("reserved.yaml", std::string(kValid) + "offload: {params: true}\n");
+  expectProblems({path, "train.eval_batches=4"},
+                 {"ptrain: " + path +
+                      ":5:19: offload.params: true is not implemented yet (no offload plugin exists); remove it or "
+                      "set false",
+                  "ptrain: <command line>: train.eval_batches: 4 is not implemented yet (the trainer sizes "
+                  "evaluation, e.g. the llm trainer's data.eval_size); remove it"});
+  std::string ok = dir.write("ok.yaml", kValid);
+  test::ProcessResult r = runPtrain(
+      {"check", ok, "offload.params=false", "precision.name=fp32", "train.device=cpu", "fusion.cross_entropy=false"},
+      {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines(r.output).at(0), ok + ": OK") << r.output;
+}
+
 TEST(CliCheck, LoadErrorsOneLine) {
   TempDir dir;
   std::string missing = dir.path() + "/none.yaml";

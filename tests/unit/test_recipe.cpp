@@ -265,6 +265,56 @@ TEST(RecipeErrors, ValidateThrowsTheFirstAndCountsTheRest) {
             "problem: `ptrain check` lists all)");
 }
 
+// Keys that are planned but not built: a value that would not run is refused
+// where it was written; what runs today, and the schema default, pass.
+TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
+  EXPECT_EQ(problemsOf(std::string(kMinimal) + "offload:\n  params: true\n"),
+            std::vector<std::string>{"r.yaml:6:11: offload.params: true is not implemented yet (no offload plugin "
+                                     "exists); remove it or set false"});
+  EXPECT_EQ(problemsOf(kMinimal, {"precision.name=bf16", "fusion.masked_softmax=yes", "train.eval_batches=8",
+                                  "train.device=cuda"}),
+            (std::vector<std::string>{
+                "<command line>: precision.name: bf16 is not implemented yet (bf16 and fp16 arrive with the "
+                "precision plugins); remove it or set fp32",
+                "<command line>: fusion.masked_softmax: yes is not implemented yet (no fused kernel exists); remove "
+                "it or set false",
+                "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "
+                "llm trainer's data.eval_size); remove it",
+                "<command line>: train.device: cuda is not implemented yet (cuda arrives with the GPU build); remove "
+                "it or set cpu"}));
+  // Through validate(): the first problem, as for any other mistake.
+  Recipe r = Recipe::fromString(kMinimal, "r.yaml", {"offload.optimizer=on"});
+  EXPECT_EQ(errorOf([&] { r.validate(coreSchema()); }),
+            "<command line>: offload.optimizer: on is not implemented yet (no offload plugin exists); remove it or "
+            "set false");
+  // A wrong type is reported as such, not as a reserved value.
+  EXPECT_EQ(problemsOf(kMinimal, {"offload.params=maybe"}),
+            std::vector<std::string>{
+                "<command line>: offload.params: expected true or false, got 'maybe'; write true or false"});
+  EXPECT_EQ(problemsOf(kMinimal, {"train.device=tpu"}),
+            std::vector<std::string>{"<command line>: train.device: 'tpu' is not one of cpu, cuda; did you mean 'cpu'?"});
+
+  // The values that run today pass, however they are spelt.
+  EXPECT_EQ(problemsOf(kMinimal, {"offload.params=false", "offload.optimizer=no", "precision.name=fp32",
+                                  "fusion.bias_gelu=off", "train.device=cpu"}),
+            std::vector<std::string>{});
+  // Defaults never trigger it, train.eval_batches' 8 included, and the
+  // resolved recipe leaves that default out so that it loads back.
+  Recipe plain = Recipe::fromString(kMinimal, "r.yaml");
+  plain.validate(coreSchema());
+  EXPECT_EQ(plain.getInt("train.eval_batches"), 8);
+  EXPECT_FALSE(plain.isExplicit("train.eval_batches"));
+  EXPECT_EQ(plain.getString("train.device"), "cpu");
+  EXPECT_EQ(plain.toYaml().find("eval_batches"), std::string::npos) << plain.toYaml();
+  Recipe again = Recipe::fromString(plain.toYaml(), "resolved.yaml");
+  EXPECT_EQ(again.validateAll(coreSchema()), std::vector<std::string>{});
+  EXPECT_EQ(again.getInt("train.eval_batches"), 8);
+  // A value the recipe set is kept.
+  Recipe set = Recipe::fromString(kMinimal, "r.yaml", {"offload.params=false"});
+  set.validate(coreSchema());
+  EXPECT_NE(set.toYaml().find("params: false"), std::string::npos) << set.toYaml();
+}
+
 TEST(RecipeOverrides, ApplyAfterTheFileAsYaml) {
   Recipe r = Recipe::fromString(kMinimal, "r.yaml",
                                 {"train.steps=20", "parallel.pipeline_layout=[1,2]", "optimizer.lr=3e-3",

@@ -1,52 +1,21 @@
 // The keys of the sections the core owns. Names follow Megatron-LM where it
 // has one, so a Megatron user recognises every parallel and model key.
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/schema.h"
 
 namespace ptrain {
-namespace {
-
-KeySpec key(const char* path, ValueType type, const char* def, const char* doc) {
-  KeySpec k;
-  k.path = path;
-  k.type = type;
-  k.default_value = def;
-  k.doc = doc;
-  return k;
-}
-
-KeySpec required(const char* path, ValueType type, const char* doc) {
-  KeySpec k = key(path, type, "", doc);
-  k.required = true;
-  return k;
-}
-
-KeySpec atLeast(KeySpec k, double min) {
-  k.min = min;
-  return k;
-}
-
-KeySpec above(KeySpec k, double min) {
-  k.min = min;
-  k.min_exclusive = true;
-  return k;
-}
-
-KeySpec unitBelowOne(KeySpec k) {
-  k.min = 0;
-  k.max = 1;
-  k.max_exclusive = true;
-  return k;
-}
-
-KeySpec oneOf(KeySpec k, std::vector<std::string> choices) {
-  k.choices = std::move(choices);
-  return k;
-}
-
-}  // namespace
 
 void describeCoreKeys(Schema& s) {
   using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::key;
+  using keys::oneOf;
+  using keys::required;
+  using keys::reserved;
+  using keys::unitBelowOne;
+  const char* const kNoOffload = "no offload plugin exists";
+  const char* const kNoFusedKernel = "no fused kernel exists";
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
 
@@ -76,8 +45,11 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("train.micro_batch_size", T::kInt, "", "Samples per forward/backward pass on one rank; not set: global_batch_size / data-parallel size."), 1));
   s.add(atLeast(key("train.seed", T::kInt, "1234", "Seed for initialisation, data order and dropout."), 0));
   s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
-  s.add(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1));
+  s.add(reserved(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1),
+                 "the trainer sizes evaluation, e.g. the llm trainer's data.eval_size", {}));
   s.add(atLeast(key("train.log_every", T::kInt, "10", "Log the loss every this many steps."), 1));
+  s.add(reserved(oneOf(key("train.device", T::kString, "cpu", "Device the workers compute on."), {"cpu", "cuda"}),
+                 "cuda arrives with the GPU build", {"cpu"}));
 
   s.add(oneOf(key("optimizer.name", T::kString, "adamw", "Optimizer."), {"adamw", "sgd"}));
   s.add(above(key("optimizer.lr", T::kFloat, "0.001", "Peak learning rate."), 0));
@@ -108,7 +80,8 @@ void describeCoreKeys(Schema& s) {
   s.add(key("communication.backend", T::kString, "gloo", "Comm plugin for collectives: `gloo` on CPU, `nccl` on GPU."));
   s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));
 
-  s.add(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."));
+  s.add(reserved(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."),
+                 "bf16 and fp16 arrive with the precision plugins", {"fp32"}));
 
   s.add(oneOf(key("cpu.allocator", T::kString, "caching",
                   "Host memory for tensors: `caching` keeps freed blocks for reuse (no page faults once sizes repeat), `system` calls malloc and free for each."),
@@ -117,13 +90,13 @@ void describeCoreKeys(Schema& s) {
                   "Linear layers and attention on the CPU: `ptrain` splits their products over one thread pool itself (BLAS on one thread per call), `libtorch` uses libtorch's ops."),
               {"ptrain", "libtorch"}));
 
-  s.add(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."));
-  s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."));
+  s.add(reserved(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."), kNoOffload, {"false"}));
+  s.add(reserved(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."), kNoOffload, {"false"}));
 
-  s.add(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."));
-  s.add(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."));
-  s.add(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."));
-  s.add(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."));
+  s.add(reserved(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."), kNoFusedKernel, {"false"}));
 
   s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));
