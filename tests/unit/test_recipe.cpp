@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../../trainers/llm/llm_trainer.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
@@ -56,7 +57,10 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
                                "plugins: {paths: [a, b]}\n"
                                "parallel: {pipeline_layout: [1, 1]}\n");
   Recipe r = Recipe::load(path);
-  r.validate(coreSchema());
+  // model.dropout is the llm trainer's key.
+  Schema schema = coreSchema();
+  llm::LlmTrainer(PluginContext{}).describeKeys(schema);
+  r.validate(schema);
   EXPECT_EQ(r.path(), path);
   EXPECT_EQ(r.name(), "small");
   EXPECT_EQ(r.getInt("model.num_layers"), 2);
@@ -88,8 +92,9 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
   EXPECT_EQ(r.keysUnder("plugins"), (std::vector<std::string>{"plugins.paths"}));
   EXPECT_EQ(r.keysUnder("model"),
             (std::vector<std::string>{"model.dropout", "model.ffn_hidden_size", "model.init_std",
-                                      "model.moe_router_topk", "model.num_experts", "model.num_layers",
-                                      "model.tie_embeddings", "model.vocab_size"}));
+                                      "model.make_vocab_size_divisible_by", "model.moe_router_topk",
+                                      "model.num_experts", "model.num_layers", "model.tie_embeddings",
+                                      "model.vocab_size"}));
 }
 
 TEST(RecipeLoad, NameKeyWinsOverFileName) {

@@ -49,12 +49,8 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
       {"model.num_attention_heads", ValueType::kInt, ""},
       {"model.ffn_hidden_size", ValueType::kInt, "0"},
       {"model.seq_length", ValueType::kInt, ""},
-      {"model.vocab_size", ValueType::kInt, "0"},
       {"model.num_experts", ValueType::kInt, "0"},
       {"model.moe_router_topk", ValueType::kInt, "2"},
-      {"model.dropout", ValueType::kFloat, "0.0"},
-      {"model.init_std", ValueType::kFloat, "0.02"},
-      {"model.tie_embeddings", ValueType::kBool, "true"},
       {"data.name", ValueType::kString, ""},
       {"train.micro_batch_size", ValueType::kInt, ""},
       {"train.seed", ValueType::kInt, "1234"},
@@ -113,6 +109,10 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
   EXPECT_EQ(s.find("log.progress")->choices, (std::vector<std::string>{"auto", "bar", "lines", "none"}));
   // Data-parallel size is derived, never a key.
   EXPECT_EQ(s.find("parallel.data_parallel_size"), nullptr);
+  // Model keys only a trainer reads are that trainer's (LlmTrainer.KeysAndDerivedShapes).
+  for (const char* trainers : {"model.vocab_size", "model.dropout", "model.init_std", "model.tie_embeddings"}) {
+    EXPECT_EQ(s.find(trainers), nullptr) << trainers;
+  }
   EXPECT_TRUE(s.isSection("parallel"));
   EXPECT_TRUE(s.isSection("fusion"));
   EXPECT_FALSE(s.isSection("train.steps"));
@@ -144,19 +144,19 @@ TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
   operand.required = true;
   extended.add(operand);
   extended.add(spec("data.digits", ValueType::kInt, "3"));
-  // A trainer may also change a core default: its model has no dropout of its own.
-  extended.add(spec("model.dropout", ValueType::kFloat, "0.1"));
+  // A trainer may also change a core default: its MLP is twice the width, not four times.
+  extended.add(spec("model.ffn_hidden_size", ValueType::kInt, "128"));
   EXPECT_TRUE(r.validateAll(extended).empty());
   EXPECT_DOUBLE_EQ(r.getFloat("model.rope_theta"), 5000.0);
   EXPECT_EQ(r.getInt("data.max_operand"), 99);
   EXPECT_EQ(r.getInt("data.digits"), 3);
-  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.1);
+  EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 128);
 
   // Validating again with the core schema drops the extension's defaults.
   auto again = r.validateAll(coreSchema());
   EXPECT_EQ(again.size(), 2u);
   EXPECT_FALSE(r.has("data.digits"));
-  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.0);
+  EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 0);
 
   // The extension's own rules apply: range and required.
   Recipe bad = Recipe::fromString(std::string(kMinimal) + "model: {rope_theta: -1}\n", "r.yaml");

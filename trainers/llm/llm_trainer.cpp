@@ -33,10 +33,24 @@ LlmTrainer::~LlmTrainer() = default;
 
 void LlmTrainer::describeKeys(Schema& schema) const {
   using T = ValueType;
+  using keys::above;
   using keys::atLeast;
   using keys::atMost;
   using keys::key;
   using keys::oneOf;
+  using keys::unitBelowOne;
+
+  // Model keys only this trainer reads; the shape keys the layout checks
+  // read (num_layers, hidden_size, ...) are the core's.
+  schema.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
+  schema.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
+  schema.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
+  schema.add(key("model.tie_embeddings", T::kBool, "true", "Share the input embedding with the output projection."));
+  schema.add(atLeast(key("model.make_vocab_size_divisible_by", T::kInt, "128",
+                         "Pad the vocabulary (embedding and LM-head rows) to a multiple of this; padding is never "
+                         "predicted. Fixed, so every tensor-parallel size starts from the same weights; must be "
+                         "divisible by tensor_model_parallel_size (after padding)."),
+                     1));
 
   schema.add(oneOf(key("data.operations", T::kStringList, "[add]",
                        "Arithmetic operations the problems use, drawn uniformly per problem (add, sub, mul)."),
@@ -45,11 +59,6 @@ void LlmTrainer::describeKeys(Schema& schema) const {
                                 "Most digits of each operand; operands are uniform in [0, 10^digits)."),
                             1),
                     9));
-  schema.add(atLeast(key("model.make_vocab_size_divisible_by", T::kInt, "128",
-                         "Pad the vocabulary (embedding and LM-head rows) to a multiple of this; padding is never "
-                         "predicted. Fixed, so every tensor-parallel size starts from the same weights; must be "
-                         "divisible by tensor_model_parallel_size (after padding)."),
-                     1));
   schema.add(atLeast(key("data.eval_size", T::kInt, "512",
                          "Evaluation problems (a separate seeded stream), split across data-parallel ranks."),
                      0));

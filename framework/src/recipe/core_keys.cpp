@@ -1,5 +1,8 @@
 // The keys of the sections the core owns. Names follow Megatron-LM where it
-// has one, so a Megatron user recognises every parallel and model key.
+// has one, so a Megatron user recognises every parallel and model key. The
+// model keys here are the shape the layout checks read; a model key only a
+// trainer reads (vocab_size, dropout, ...) belongs to that trainer's
+// describeKeys.
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/schema.h"
 
@@ -31,12 +34,8 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("model.num_attention_heads", T::kInt, "", "Attention heads per layer; split across tensor-parallel ranks."), 1));
   s.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of the MLP inside each block; 0 means 4 * hidden_size."), 0));
   s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
-  s.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
   s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
   s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
-  s.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
-  s.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
-  s.add(key("model.tie_embeddings", T::kBool, "true", "Share the input embedding with the output projection."));
 
   s.add(key("data.name", T::kString, "", "Dataset the trainer reads, e.g. `arithmetic`."));
 

@@ -98,8 +98,11 @@ class PTRAIN_API Schema {
 };
 
 // Keys of the sections the core owns: name, launch, plugins, trainer, model
-// (the common Megatron-style shape keys), data.name, train, optimizer,
-// parallel, communication, precision, offload, fusion, checkpoint, log.
+// (the Megatron-style shape keys the layout checks read: num_layers,
+// hidden_size, num_attention_heads, ffn_hidden_size, seq_length, num_experts,
+// moe_router_topk), data.name, train, optimizer, parallel, communication,
+// precision, cpu, offload, fusion, checkpoint, log. Other model.* and data.*
+// keys belong to the trainer that reads them (Trainer::describeKeys).
 PTRAIN_API void describeCoreKeys(Schema& schema);
 
 }  // namespace ptrain
