@@ -8,8 +8,8 @@
 
 #include "cli/commands.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
-#include "ptrain/layout/validation.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"

@@ -16,6 +16,7 @@
 #include "ptrain/core/resources.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/engine/parallel.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
 
@@ -55,7 +56,7 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
   commOptions.backend = recipe.getString("communication.backend");
   commOptions.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));
-  Communicator comm(env, ParallelLayout::fromRecipe(recipe, env.world_size), *prepared.registry, ctx,
+  Communicator comm(env, layoutFromRecipe(recipe, env.world_size), *prepared.registry, ctx,
                     commOptions);
   const ParallelLayout& layout = comm.layout();
   auto dpGroup = comm.group(GroupKind::kData);

@@ -1,8 +1,8 @@
 #include <sstream>
 
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
-#include "ptrain/layout/validation.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {
