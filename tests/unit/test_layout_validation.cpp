@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
+#include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
+#include "support/test_support.h"
 
 namespace ptrain {
 namespace {
@@ -374,6 +377,57 @@ TEST(LayoutRequest, LayoutFromRecipeFollowsMegatronsExpertTensorDefault) {
   EXPECT_EQ(moe.etp(), 1);
   EXPECT_EQ(moe.ep(), 4);
   EXPECT_EQ(moe.edp(), 1);
+}
+
+TEST(ParallelPlugins, NamesThePluginOfEverySizeAboveOneInOrderOfApplication) {
+  LayoutSizes s;
+  s.world = 32;
+  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  s.vpp = 2;  // chunks of the pipeline's stages: nothing of its own
+  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  s.pp = 2;
+  s.cp = 2;
+  EXPECT_EQ(parallelPluginsFor(s), (Lines{"context", "pipeline", "data"}));
+  s.tp = 2;
+  s.ep = 2;
+  EXPECT_EQ(parallelPluginsFor(s), (Lines{"tensor", "context", "expert", "pipeline", "data"}));
+  LayoutSizes etp;
+  etp.world = 2;
+  etp.etp = 2;
+  EXPECT_EQ(parallelPluginsFor(etp), (Lines{"expert", "data"}));
+}
+
+// A size above 1 that no installed plugin executes would repeat the same work
+// on every rank of it: refused at its key.
+TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
+  PluginRegistry installed(PluginRegistry::defaultSearchPath());
+  auto missing = [&](const std::vector<std::string>& overrides, int world, const std::string& extra = "") {
+    return checkParallelPlugins(layoutRequestFromRecipe(recipe(overrides, extra), world), installed);
+  };
+  // The tree builds parallel/tensor, pipeline and data.
+  EXPECT_EQ(missing({"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2"}, 4), Lines{});
+  EXPECT_EQ(missing({}, 2, "parallel:\n  context_parallel_size: 2\n"),
+            Lines{"r.yaml:5:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is not "
+                  "installed); set it to 1"});
+  EXPECT_EQ(missing({"model.num_experts=4", "parallel.expert_model_parallel_size=2",
+                     "parallel.expert_tensor_parallel_size=2"},
+                    4),
+            (Lines{"<command line>: expert_model_parallel_size=2: no parallel plugin executes it (parallel/expert is "
+                   "not installed); set it to 1",
+                   "<command line>: expert_tensor_parallel_size=2: no parallel plugin executes it (parallel/expert "
+                   "is not installed); set it to 1"}));
+  // A dense model has no expert grid: etp > 1 is ignored there (a warning),
+  // ep > 1 refused by checkLayout.
+  EXPECT_EQ(missing({"parallel.expert_tensor_parallel_size=2"}, 2), Lines{});
+
+  // Nothing installed: every plugin is missing, parallel/data included.
+  test::TempDir empty;
+  PluginRegistry none({empty.path()});
+  EXPECT_EQ(checkParallelPlugins(layoutRequestFromRecipe(recipe({"parallel.tensor_model_parallel_size=2"}), 2), none),
+            (Lines{"<command line>: tensor_model_parallel_size=2: no parallel plugin executes it (parallel/tensor is "
+                   "not installed); set it to 1",
+                   "r.yaml:1:1: no parallel plugin reduces the gradients across ranks (parallel/data is not installed, "
+                   "and every run needs it); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH"}));
 }
 
 }  // namespace
