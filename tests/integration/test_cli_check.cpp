@@ -161,6 +161,44 @@ TEST(CliCheck, LayoutProblemsOneLineEach) {
                   "sizes whose product divides 2 (1 or 2)"});
 }
 
+// A key that is planned but not built refuses a value that would not run,
+// from the file or the command line; its default and what runs today pass.
+TEST(CliCheck, ReservedKeysRefuseWhatIsNotBuilt) {
+  TempDir dir;
+  std::string path = dir.write("reserved.yaml", std::string(kValid) + "offload: {params: true}\n");
+  expectProblems({path, "train.eval_batches=4"},
+                 {"ptrain: " + path +
+                      ":5:19: offload.params: true is not implemented yet (no offload plugin exists); remove it or "
+                      "set false",
+                  "ptrain: <command line>: train.eval_batches: 4 is not implemented yet (the trainer sizes "
+                  "evaluation, e.g. the llm trainer's data.eval_size); remove it"});
+  std::string ok = dir.write("ok.yaml", kValid);
+  test::ProcessResult r = runPtrain(
+      {"check", ok, "offload.params=false", "precision.name=fp32", "device=cpu", "fusion.cross_entropy=false"},
+      {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines(r.output).at(0), ok + ": OK") << r.output;
+}
+
+// A layout dimension above 1 runs only if a parallel plugin executes it;
+// `check` and `run` refuse one that no installed plugin does.
+TEST(CliCheck, SizesNoPluginExecutesAreRefused) {
+  TempDir dir;
+  std::string cp = dir.write("cp.yaml", std::string(kValid) + "parallel:\n  context_parallel_size: 2\n");
+  const std::string line = cp + ":6:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is "
+                                "not installed); set it to 1";
+  expectProblems({cp}, {"ptrain: " + line});
+  test::ProcessResult r = runPtrain({"run", cp, "trainer.name=llm", "--run-dir", dir.path() + "/run"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  expectNoCrashTrace(r.output);
+  // A MoE layout is refused up front, not when the engine would load the plugin.
+  std::string ok = dir.write("ok.yaml", kValid);
+  expectProblems({ok, "model.num_experts=4", "parallel.expert_model_parallel_size=2"},
+                 {"ptrain: <command line>: expert_model_parallel_size=2: no parallel plugin executes it "
+                  "(parallel/expert is not installed); set it to 1"});
+}
+
 TEST(CliCheck, LoadErrorsOneLine) {
   TempDir dir;
   std::string missing = dir.path() + "/none.yaml";

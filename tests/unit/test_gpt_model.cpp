@@ -412,6 +412,41 @@ TEST(GptModel, TensorParallelNeedsWholeHeads) {
 
 // ---- the trainer ----
 
+// The model keys only this trainer reads are its own, with the types,
+// defaults and ranges they had in the core schema.
+TEST(LlmTrainer, DescribesTheModelKeysOnlyItReads) {
+  Schema own;
+  LlmTrainer(ptrain::PluginContext{}).describeKeys(own);
+  struct Expect {
+    const char* path;
+    ptrain::ValueType type;
+    const char* def;
+    const char* range;
+  };
+  const std::vector<Expect> expected = {
+      {"model.vocab_size", ptrain::ValueType::kInt, "0", ">= 0"},
+      {"model.dropout", ptrain::ValueType::kFloat, "0.0", "in [0, 1)"},
+      {"model.init_std", ptrain::ValueType::kFloat, "0.02", "> 0"},
+      {"model.tie_embeddings", ptrain::ValueType::kBool, "true", ""},
+      {"model.make_vocab_size_divisible_by", ptrain::ValueType::kInt, "128", ">= 1"},
+      {"data.operations", ptrain::ValueType::kStringList, "[add]", ""},
+      {"data.digits", ptrain::ValueType::kInt, "2", "in [1, 9]"},
+      {"data.eval_size", ptrain::ValueType::kInt, "512", ">= 0"},
+  };
+  for (const auto& e : expected) {
+    const ptrain::KeySpec* k = own.find(e.path);
+    ASSERT_NE(k, nullptr) << e.path;
+    EXPECT_EQ(k->type, e.type) << e.path;
+    EXPECT_EQ(k->default_value, e.def) << e.path;
+    EXPECT_EQ(Schema::rangeText(*k), e.range) << e.path;
+    EXPECT_FALSE(k->doc.empty()) << e.path;
+  }
+  EXPECT_EQ(own.find("data.operations")->choices, (std::vector<std::string>{"add", "sub", "mul"}));
+  // The shape keys the layout checks read stay in the core.
+  EXPECT_EQ(own.find("model.num_layers"), nullptr);
+  EXPECT_EQ(own.find("model.hidden_size"), nullptr);
+}
+
 TEST(LlmTrainer, KeysAndDerivedShapes) {
   LlmTrainer trainer(ptrain::PluginContext{});
   Recipe recipe = trainerRecipe(trainer, kTinyRecipe);

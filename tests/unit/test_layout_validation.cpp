@@ -1,13 +1,19 @@
 // checkLayout / layoutWarnings / planLayout: one test per rule, each message
-// written out by hand with both numbers and the values that would fit.
+// written out by hand with both numbers and the values that would fit. Most
+// go through a recipe (engine/recipe_layout.h); the last ones build a
+// LayoutRequest by hand, as a caller without a recipe would.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "ptrain/layout/validation.h"
+#include "ptrain/engine/parallel_plugins.h"
+#include "ptrain/engine/recipe_layout.h"
+#include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
+#include "support/test_support.h"
 
 namespace ptrain {
 namespace {
@@ -278,6 +284,150 @@ TEST(LayoutValidation, PlanThrowsTheFirstProblem) {
     EXPECT_STREQ(e.what(),
                  "<command line>: tensor_model_parallel_size=3 does not divide num_attention_heads=4: use 1, 2 or 4");
   }
+}
+
+// The layout module reads sizes, not a recipe: a request built by hand.
+TEST(LayoutRequest, ChecksSizesWithoutARecipe) {
+  LayoutRequest q;
+  q.world = 6;
+  q.tp = 4;
+  q.num_layers = 8;
+  q.num_attention_heads = 4;
+  q.hidden_size = 128;
+  q.global_batch_size = 48;
+  // No `where`: messages carry no location.
+  EXPECT_EQ(checkLayout(q),
+            Lines{"world size 6 is not divisible by "
+                  "tensor_model_parallel_size*pipeline_model_parallel_size*context_parallel_size=4: use --nproc 4 or "
+                  "8, or sizes whose product divides 6 (1, 2, 3 or 6)"});
+  // The key the user wrote is blamed first; the others at their section.
+  q.where = [](const std::string& key) {
+    return std::string(key == "parallel.tensor_model_parallel_size" ? "t.yaml:3:5" : "t.yaml:1:1");
+  };
+  q.written = {"parallel.tensor_model_parallel_size"};
+  q.world = 8;
+  q.hidden_size = 30;
+  q.ffn_hidden_size = 30;
+  EXPECT_EQ(checkLayout(q),
+            (Lines{"t.yaml:1:1: num_attention_heads=4 does not divide hidden_size=30: use 1, 2, 3, 5, 6, 10, 15 or 30",
+                   "t.yaml:3:5: tensor_model_parallel_size=4 does not divide ffn_hidden_size=30: use 1, 2, 3, 5, 6, "
+                   "10, 15 or 30"}));
+  // Unset model sizes are not checked.
+  LayoutRequest bare;
+  bare.world = 6;
+  bare.tp = 2;
+  bare.pp = 3;
+  bare.global_batch_size = 6;
+  EXPECT_EQ(checkLayout(bare), Lines{});
+  LayoutPlan plan = planLayout(bare);
+  EXPECT_EQ(plan.sizes.tp, 2);
+  EXPECT_EQ(plan.sizes.pp, 3);
+  EXPECT_EQ(plan.dp, 1);
+  EXPECT_EQ(plan.micro_batch_size, 6);
+  EXPECT_EQ(layoutWarnings(bare),
+            Lines{"only 1 micro-batch per step for pipeline_model_parallel_size=3, so the pipeline cannot fill: "
+                  "stages sit idle 67% of each step (bubble (pp-1)/m = 2 of the compute time); make "
+                  "global_batch_size / (micro_batch_size*dp) at least 3"});
+}
+
+TEST(LayoutRequest, FromARecipe) {
+  LayoutRequest q = layoutRequestFromRecipe(
+      recipe({"parallel.tensor_model_parallel_size=2", "train.micro_batch_size=4"}, "parallel: {pipeline_layout: [8]}\n"),
+      4);
+  EXPECT_EQ(q.world, 4);
+  EXPECT_EQ(q.tp, 2);
+  EXPECT_EQ(q.pp, 1);
+  EXPECT_EQ(q.pipeline_schedule, "1f1b");
+  EXPECT_EQ(q.pipeline_layout, std::optional<std::vector<int64_t>>(std::vector<int64_t>{8}));
+  EXPECT_EQ(q.num_layers, std::optional<int64_t>(8));
+  EXPECT_EQ(q.ffn_hidden_size, std::optional<int64_t>(0));  // the default
+  EXPECT_EQ(q.num_experts, std::optional<int64_t>(0));
+  EXPECT_EQ(q.global_batch_size, 48);
+  EXPECT_EQ(q.micro_batch_size, std::optional<int64_t>(4));
+  EXPECT_EQ(q.written.count("parallel.tensor_model_parallel_size"), 1u);
+  EXPECT_EQ(q.written.count("parallel.pipeline_layout"), 1u);
+  EXPECT_EQ(q.written.count("parallel.pipeline_model_parallel_size"), 0u);
+  // The request outlives the recipe it was read from.
+  ASSERT_TRUE(q.where);
+  EXPECT_EQ(q.where("parallel.tensor_model_parallel_size"), "<command line>");
+  EXPECT_EQ(q.where("parallel.pipeline_layout"), "r.yaml:4:12");
+  EXPECT_EQ(q.where("parallel.pipeline_model_parallel_size"), "r.yaml:4:1");  // a default: its section
+  EXPECT_EQ(q.where("launch.nproc"), "r.yaml:1:1");                          // no section written: the file
+
+  Recipe bare = Recipe::fromString("trainer: {name: det}\ntrain: {steps: 1, global_batch_size: 6}\n", "r.yaml");
+  Schema s;
+  describeCoreKeys(s);
+  bare.validate(s);
+  LayoutRequest unset = layoutRequestFromRecipe(bare, 1);
+  EXPECT_FALSE(unset.num_layers.has_value());
+  EXPECT_FALSE(unset.seq_length.has_value());
+  EXPECT_FALSE(unset.micro_batch_size.has_value());
+  EXPECT_FALSE(unset.pipeline_layout.has_value());
+}
+
+TEST(LayoutRequest, LayoutFromRecipeFollowsMegatronsExpertTensorDefault) {
+  ParallelLayout dense = layoutFromRecipe(recipe({"parallel.tensor_model_parallel_size=2"}), 4);
+  EXPECT_EQ(dense.tp(), 2);
+  EXPECT_EQ(dense.dp(), 2);
+  EXPECT_EQ(dense.etp(), 2);  // not written: the dense tensor-parallel size
+  ParallelLayout moe = layoutFromRecipe(
+      recipe({"model.num_experts=4", "parallel.tensor_model_parallel_size=2", "parallel.expert_tensor_parallel_size=1",
+              "parallel.expert_model_parallel_size=4"}),
+      4);
+  EXPECT_EQ(moe.etp(), 1);
+  EXPECT_EQ(moe.ep(), 4);
+  EXPECT_EQ(moe.edp(), 1);
+}
+
+TEST(ParallelPlugins, NamesThePluginOfEverySizeAboveOneInOrderOfApplication) {
+  LayoutSizes s;
+  s.world = 32;
+  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  s.vpp = 2;  // chunks of the pipeline's stages: nothing of its own
+  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  s.pp = 2;
+  s.cp = 2;
+  EXPECT_EQ(parallelPluginsFor(s), (Lines{"context", "pipeline", "data"}));
+  s.tp = 2;
+  s.ep = 2;
+  EXPECT_EQ(parallelPluginsFor(s), (Lines{"tensor", "context", "expert", "pipeline", "data"}));
+  LayoutSizes etp;
+  etp.world = 2;
+  etp.etp = 2;
+  EXPECT_EQ(parallelPluginsFor(etp), (Lines{"expert", "data"}));
+}
+
+// A size above 1 that no installed plugin executes would repeat the same work
+// on every rank of it: refused at its key.
+TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
+  PluginRegistry installed(PluginRegistry::defaultSearchPath());
+  auto missing = [&](const std::vector<std::string>& overrides, int world, const std::string& extra = "") {
+    return checkParallelPlugins(layoutRequestFromRecipe(recipe(overrides, extra), world), installed);
+  };
+  // The tree builds parallel/tensor, pipeline and data.
+  EXPECT_EQ(missing({"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2"}, 4), Lines{});
+  EXPECT_EQ(missing({}, 2, "parallel:\n  context_parallel_size: 2\n"),
+            Lines{"r.yaml:5:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is not "
+                  "installed); set it to 1"});
+  EXPECT_EQ(missing({"model.num_experts=4", "parallel.expert_model_parallel_size=2",
+                     "parallel.expert_tensor_parallel_size=2"},
+                    4),
+            (Lines{"<command line>: expert_model_parallel_size=2: no parallel plugin executes it (parallel/expert is "
+                   "not installed); set it to 1",
+                   "<command line>: expert_tensor_parallel_size=2: no parallel plugin executes it (parallel/expert "
+                   "is not installed); set it to 1"}));
+  // A dense model has no expert grid: etp > 1 is ignored there (a warning),
+  // ep > 1 refused by checkLayout.
+  EXPECT_EQ(missing({"parallel.expert_tensor_parallel_size=2"}, 2), Lines{});
+
+  // Nothing installed: every plugin is missing, parallel/data included.
+  test::TempDir empty;
+  PluginRegistry none({empty.path()});
+  EXPECT_EQ(checkParallelPlugins(layoutRequestFromRecipe(recipe({"parallel.tensor_model_parallel_size=2"}), 2), none),
+            (Lines{"<command line>: tensor_model_parallel_size=2: no parallel plugin executes it (parallel/tensor is "
+                   "not installed); set it to 1",
+                   "r.yaml:1:1: no parallel plugin reduces the gradients across ranks (parallel/data is not installed, "
+                   "and every run needs it); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH"}));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../../trainers/llm/llm_trainer.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
@@ -56,7 +57,10 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
                                "plugins: {paths: [a, b]}\n"
                                "parallel: {pipeline_layout: [1, 1]}\n");
   Recipe r = Recipe::load(path);
-  r.validate(coreSchema());
+  // model.dropout is the llm trainer's key.
+  Schema schema = coreSchema();
+  llm::LlmTrainer(PluginContext{}).describeKeys(schema);
+  r.validate(schema);
   EXPECT_EQ(r.path(), path);
   EXPECT_EQ(r.name(), "small");
   EXPECT_EQ(r.getInt("model.num_layers"), 2);
@@ -88,8 +92,9 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
   EXPECT_EQ(r.keysUnder("plugins"), (std::vector<std::string>{"plugins.paths"}));
   EXPECT_EQ(r.keysUnder("model"),
             (std::vector<std::string>{"model.dropout", "model.ffn_hidden_size", "model.init_std",
-                                      "model.moe_router_topk", "model.num_experts", "model.num_layers",
-                                      "model.tie_embeddings", "model.vocab_size"}));
+                                      "model.make_vocab_size_divisible_by", "model.moe_router_topk",
+                                      "model.num_experts", "model.num_layers", "model.tie_embeddings",
+                                      "model.vocab_size"}));
 }
 
 TEST(RecipeLoad, NameKeyWinsOverFileName) {
@@ -263,6 +268,56 @@ TEST(RecipeErrors, ValidateThrowsTheFirstAndCountsTheRest) {
   EXPECT_EQ(errorOf([&] { three.validate(coreSchema()); }),
             "r.yaml:1:1: trainer.name: missing required key; add 'name: <string>' under 'trainer:' (and 1 more "
             "problem: `ptrain check` lists all)");
+}
+
+// Keys that are planned but not built: a value that would not run is refused
+// where it was written; what runs today, and the schema default, pass.
+TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
+  EXPECT_EQ(problemsOf(std::string(kMinimal) + "offload:\n  params: true\n"),
+            std::vector<std::string>{"r.yaml:6:11: offload.params: true is not implemented yet (no offload plugin "
+                                     "exists); remove it or set false"});
+  EXPECT_EQ(problemsOf(kMinimal, {"precision.name=bf16", "fusion.masked_softmax=yes", "train.eval_batches=8",
+                                  "device=cuda"}),
+            (std::vector<std::string>{
+                "<command line>: precision.name: bf16 is not implemented yet (bf16 and fp16 arrive with the "
+                "precision plugins); remove it or set fp32",
+                "<command line>: fusion.masked_softmax: yes is not implemented yet (no fused kernel exists); remove "
+                "it or set false",
+                "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "
+                "llm trainer's data.eval_size); remove it",
+                "<command line>: device: cuda is not implemented yet (cuda arrives with the GPU build); remove "
+                "it or set cpu"}));
+  // Through validate(): the first problem, as for any other mistake.
+  Recipe r = Recipe::fromString(kMinimal, "r.yaml", {"offload.optimizer=on"});
+  EXPECT_EQ(errorOf([&] { r.validate(coreSchema()); }),
+            "<command line>: offload.optimizer: on is not implemented yet (no offload plugin exists); remove it or "
+            "set false");
+  // A wrong type is reported as such, not as a reserved value.
+  EXPECT_EQ(problemsOf(kMinimal, {"offload.params=maybe"}),
+            std::vector<std::string>{
+                "<command line>: offload.params: expected true or false, got 'maybe'; write true or false"});
+  EXPECT_EQ(problemsOf(kMinimal, {"device=tpu"}),
+            std::vector<std::string>{"<command line>: device: 'tpu' is not one of cpu, cuda; did you mean 'cpu'?"});
+
+  // The values that run today pass, however they are spelt.
+  EXPECT_EQ(problemsOf(kMinimal, {"offload.params=false", "offload.optimizer=no", "precision.name=fp32",
+                                  "fusion.bias_gelu=off", "device=cpu"}),
+            std::vector<std::string>{});
+  // Defaults never trigger it, train.eval_batches' 8 included, and the
+  // resolved recipe leaves that default out so that it loads back.
+  Recipe plain = Recipe::fromString(kMinimal, "r.yaml");
+  plain.validate(coreSchema());
+  EXPECT_EQ(plain.getInt("train.eval_batches"), 8);
+  EXPECT_FALSE(plain.isExplicit("train.eval_batches"));
+  EXPECT_EQ(plain.getString("device"), "cpu");
+  EXPECT_EQ(plain.toYaml().find("eval_batches"), std::string::npos) << plain.toYaml();
+  Recipe again = Recipe::fromString(plain.toYaml(), "resolved.yaml");
+  EXPECT_EQ(again.validateAll(coreSchema()), std::vector<std::string>{});
+  EXPECT_EQ(again.getInt("train.eval_batches"), 8);
+  // A value the recipe set is kept.
+  Recipe set = Recipe::fromString(kMinimal, "r.yaml", {"offload.params=false"});
+  set.validate(coreSchema());
+  EXPECT_NE(set.toYaml().find("params: false"), std::string::npos) << set.toYaml();
 }
 
 TEST(RecipeOverrides, ApplyAfterTheFileAsYaml) {

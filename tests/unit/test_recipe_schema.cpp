@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 
@@ -48,12 +49,8 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
       {"model.num_attention_heads", ValueType::kInt, ""},
       {"model.ffn_hidden_size", ValueType::kInt, "0"},
       {"model.seq_length", ValueType::kInt, ""},
-      {"model.vocab_size", ValueType::kInt, "0"},
       {"model.num_experts", ValueType::kInt, "0"},
       {"model.moe_router_topk", ValueType::kInt, "2"},
-      {"model.dropout", ValueType::kFloat, "0.0"},
-      {"model.init_std", ValueType::kFloat, "0.02"},
-      {"model.tie_embeddings", ValueType::kBool, "true"},
       {"data.name", ValueType::kString, ""},
       {"train.micro_batch_size", ValueType::kInt, ""},
       {"train.seed", ValueType::kInt, "1234"},
@@ -112,6 +109,10 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
   EXPECT_EQ(s.find("log.progress")->choices, (std::vector<std::string>{"auto", "bar", "lines", "none"}));
   // Data-parallel size is derived, never a key.
   EXPECT_EQ(s.find("parallel.data_parallel_size"), nullptr);
+  // Model keys only a trainer reads are that trainer's (LlmTrainer.KeysAndDerivedShapes).
+  for (const char* trainers : {"model.vocab_size", "model.dropout", "model.init_std", "model.tie_embeddings"}) {
+    EXPECT_EQ(s.find(trainers), nullptr) << trainers;
+  }
   EXPECT_TRUE(s.isSection("parallel"));
   EXPECT_TRUE(s.isSection("fusion"));
   EXPECT_FALSE(s.isSection("train.steps"));
@@ -143,19 +144,19 @@ TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
   operand.required = true;
   extended.add(operand);
   extended.add(spec("data.digits", ValueType::kInt, "3"));
-  // A trainer may also change a core default: its model has no dropout of its own.
-  extended.add(spec("model.dropout", ValueType::kFloat, "0.1"));
+  // A trainer may also change a core default: its MLP is twice the width, not four times.
+  extended.add(spec("model.ffn_hidden_size", ValueType::kInt, "128"));
   EXPECT_TRUE(r.validateAll(extended).empty());
   EXPECT_DOUBLE_EQ(r.getFloat("model.rope_theta"), 5000.0);
   EXPECT_EQ(r.getInt("data.max_operand"), 99);
   EXPECT_EQ(r.getInt("data.digits"), 3);
-  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.1);
+  EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 128);
 
   // Validating again with the core schema drops the extension's defaults.
   auto again = r.validateAll(coreSchema());
   EXPECT_EQ(again.size(), 2u);
   EXPECT_FALSE(r.has("data.digits"));
-  EXPECT_DOUBLE_EQ(r.getFloat("model.dropout"), 0.0);
+  EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 0);
 
   // The extension's own rules apply: range and required.
   Recipe bad = Recipe::fromString(std::string(kMinimal) + "model: {rope_theta: -1}\n", "r.yaml");
@@ -288,6 +289,119 @@ TEST(RecipeSchema, MarkdownAndTextTables) {
             "train.steps  int     required  >= 1     Steps to run.\n"
             "train.mode   string  a         a|b      Mode a|b.\n"
             "log.file     string  not set            Log file.\n");
+}
+
+TEST(RecipeSchema, KeyBuildersFillTheSpec) {
+  KeySpec digits = keys::atMost(keys::atLeast(keys::key("data.digits", ValueType::kInt, "2", "Digits."), 1), 9);
+  EXPECT_EQ(digits.path, "data.digits");
+  EXPECT_EQ(digits.type, ValueType::kInt);
+  EXPECT_EQ(digits.default_value, "2");
+  EXPECT_EQ(digits.doc, "Digits.");
+  EXPECT_FALSE(digits.required);
+  EXPECT_EQ(Schema::rangeText(digits), "in [1, 9]");
+
+  KeySpec steps = keys::required("train.steps", ValueType::kInt, "Steps.");
+  EXPECT_TRUE(steps.required);
+  EXPECT_EQ(steps.default_value, "");
+  EXPECT_EQ(Schema::rangeText(keys::above(keys::key("o.lr", ValueType::kFloat, "0.1", "Lr."), 0)), "> 0");
+  EXPECT_EQ(Schema::rangeText(keys::unitBelowOne(keys::key("o.b", ValueType::kFloat, "0.9", "B."))), "in [0, 1)");
+  EXPECT_EQ(keys::oneOf(keys::key("o.n", ValueType::kString, "a", "N."), {"a", "b"}).choices,
+            (std::vector<std::string>{"a", "b"}));
+
+  KeySpec off = keys::reserved(keys::key("offload.params", ValueType::kBool, "false", "Offload."), "not built",
+                               {"false"});
+  EXPECT_EQ(off.reserved, "not built");
+  EXPECT_EQ(off.reserved_accepts, std::vector<std::string>{"false"});
+  EXPECT_TRUE(keys::key("x.y", ValueType::kInt, "1", "Y.").reserved.empty());
+
+  Schema s;
+  for (const KeySpec& k : {digits, steps, off}) s.add(k);
+  EXPECT_EQ(s.keys().size(), 3u);
+}
+
+// Keys that are planned but not built: their types and defaults stay (see
+// CoreKeysFollowMegatronNamesAndDefaults), and only what runs today is accepted.
+TEST(RecipeSchema, CoreReservedKeys) {
+  Schema s = coreSchema();
+  const std::vector<std::pair<const char*, std::vector<std::string>>> reserved = {
+      {"precision.name", {"fp32"}},          {"offload.params", {"false"}},
+      {"offload.optimizer", {"false"}},      {"fusion.bias_gelu", {"false"}},
+      {"fusion.bias_dropout_add", {"false"}}, {"fusion.masked_softmax", {"false"}},
+      {"fusion.cross_entropy", {"false"}},   {"train.eval_batches", {}},
+      {"device", {"cpu"}},
+  };
+  for (const auto& [path, accepts] : reserved) {
+    const KeySpec* k = s.find(path);
+    ASSERT_NE(k, nullptr) << path;
+    EXPECT_FALSE(k->reserved.empty()) << path;
+    EXPECT_EQ(k->reserved_accepts, accepts) << path;
+  }
+  const KeySpec* device = s.find("device");
+  EXPECT_EQ(device->type, ValueType::kString);
+  EXPECT_EQ(device->default_value, "cpu");
+  EXPECT_EQ(device->reserved, "cuda arrives with the GPU build");
+  EXPECT_TRUE(s.find("train.steps")->reserved.empty());
+  EXPECT_TRUE(s.find("parallel.context_parallel_size")->reserved.empty());
+}
+
+TEST(RecipeSchema, AddRejectsContradictoryReservedSpecs) {
+  Schema s;
+  KeySpec noReason = spec("a.b", ValueType::kBool, "false");
+  noReason.reserved_accepts = {"false"};
+  EXPECT_THROW(s.add(noReason), InternalError);
+  EXPECT_THROW(s.add(keys::reserved(spec("a.c", ValueType::kBool, "false"), "later", {"maybe"})), InternalError);
+  EXPECT_THROW(s.add(keys::reserved(keys::atLeast(spec("a.d", ValueType::kInt, "1"), 1), "later", {"0"})),
+               InternalError);
+  EXPECT_THROW(s.add(keys::reserved(keys::oneOf(spec("a.e", ValueType::kString, "x"), {"x", "y"}), "later", {"z"})),
+               InternalError);
+  // The default need not be accepted: it never counts as set.
+  s.add(keys::reserved(spec("a.f", ValueType::kInt, "8"), "later", {}));
+  EXPECT_EQ(s.keys().size(), 1u);
+}
+
+TEST(RecipeSchema, CheckReservedAcceptsTheSameValueInAnySpelling) {
+  auto check = [](const KeySpec& k, const std::string& text) { return Schema::checkReserved(k, YAML::Load(text)); };
+  KeySpec b = keys::reserved(spec("off.p", ValueType::kBool, "false"), "no plugin", {"false"});
+  for (const char* no : {"false", "False", "no", "off"}) EXPECT_EQ(check(b, no), "") << no;
+  EXPECT_EQ(check(b, "yes"), "yes is not implemented yet (no plugin); remove it or set false");
+  KeySpec i = keys::reserved(spec("x.i", ValueType::kInt, "1"), "later", {"1", "2"});
+  EXPECT_EQ(check(i, "0x2"), "");
+  EXPECT_EQ(check(i, "3"), "3 is not implemented yet (later); remove it or set 1 or 2");
+  KeySpec none = keys::reserved(spec("x.n", ValueType::kInt, "8"), "the trainer sizes it", {});
+  EXPECT_EQ(check(none, "8"), "8 is not implemented yet (the trainer sizes it); remove it");
+  // Not reserved: nothing to say.
+  EXPECT_EQ(check(spec("x.s", ValueType::kString, ""), "anything"), "");
+}
+
+TEST(RecipeSchema, ReservedKeysInTables) {
+  Schema s;
+  s.add(keys::reserved(spec("off.params", ValueType::kBool, "false", "Keep params."), "no plugin", {"false"}));
+  s.add(keys::reserved(spec("off.name", ValueType::kString, "fp32", "Precision."), "later", {"fp32"}));
+  s.add(keys::reserved(keys::oneOf(spec("off.device", ValueType::kString, "cpu", "Device."), {"cpu", "cuda"}),
+                       "a GPU build", {"cpu"}));
+  s.add(keys::reserved(keys::atLeast(spec("off.batches", ValueType::kInt, "8", "Batches."), 1), "the trainer's", {}));
+  EXPECT_EQ(s.markdown(),
+            "### `off`\n"
+            "\n"
+            "| Key | Type | Default | Allowed | Meaning |\n"
+            "|---|---|---|---|---|\n"
+            "| `off.params` | bool | `false` | `false` (`true`: not implemented yet) | Keep params. Not implemented "
+            "yet: no plugin. |\n"
+            "| `off.name` | string | `fp32` | `fp32` (others: not implemented yet) | Precision. Not implemented yet: "
+            "later. |\n"
+            "| `off.device` | string | `cpu` | `cpu` (`cuda`: not implemented yet) | Device. Not implemented yet: a "
+            "GPU build. |\n"
+            "| `off.batches` | int | `8` | unset only (not implemented yet) | Batches. Not implemented yet: the "
+            "trainer's. |\n");
+  EXPECT_EQ(s.text(),
+            "key          type    default  allowed                             meaning\n"
+            "off.params   bool    false    false (true: not implemented yet)   Keep params. Not implemented yet: no "
+            "plugin.\n"
+            "off.name     string  fp32     fp32 (others: not implemented yet)  Precision. Not implemented yet: later.\n"
+            "off.device   string  cpu      cpu (cuda: not implemented yet)     Device. Not implemented yet: a GPU "
+            "build.\n"
+            "off.batches  int     8        unset only (not implemented yet)    Batches. Not implemented yet: the "
+            "trainer's.\n");
 }
 
 TEST(RecipeSchema, EveryCoreDefaultValidates) {

@@ -23,7 +23,7 @@
 #include "ptrain/comm/store.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/model.h"
-#include "ptrain/layout/validation.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/parallel_layers.h"
 #include "ptrain/nn/tensor_parallel.h"

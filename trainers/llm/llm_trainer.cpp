@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace ptrain::llm {
@@ -31,40 +32,36 @@ LlmTrainer::LlmTrainer(const PluginContext&) {}
 LlmTrainer::~LlmTrainer() = default;
 
 void LlmTrainer::describeKeys(Schema& schema) const {
-  KeySpec ops;
-  ops.path = "data.operations";
-  ops.type = ValueType::kStringList;
-  ops.default_value = "[add]";
-  ops.choices = {"add", "sub", "mul"};
-  ops.doc = "Arithmetic operations the problems use, drawn uniformly per problem (add, sub, mul).";
-  schema.add(ops);
+  using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::atMost;
+  using keys::key;
+  using keys::oneOf;
+  using keys::unitBelowOne;
 
-  KeySpec digits;
-  digits.path = "data.digits";
-  digits.type = ValueType::kInt;
-  digits.default_value = "2";
-  digits.min = 1;
-  digits.max = 9;
-  digits.doc = "Most digits of each operand; operands are uniform in [0, 10^digits).";
-  schema.add(digits);
+  // Model keys only this trainer reads; the shape keys the layout checks
+  // read (num_layers, hidden_size, ...) are the core's.
+  schema.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
+  schema.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
+  schema.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
+  schema.add(key("model.tie_embeddings", T::kBool, "true", "Share the input embedding with the output projection."));
+  schema.add(atLeast(key("model.make_vocab_size_divisible_by", T::kInt, "128",
+                         "Pad the vocabulary (embedding and LM-head rows) to a multiple of this; padding is never "
+                         "predicted. Fixed, so every tensor-parallel size starts from the same weights; must be "
+                         "divisible by tensor_model_parallel_size (after padding)."),
+                     1));
 
-  KeySpec padTo;
-  padTo.path = "model.make_vocab_size_divisible_by";
-  padTo.type = ValueType::kInt;
-  padTo.default_value = "128";
-  padTo.min = 1;
-  padTo.doc = "Pad the vocabulary (embedding and LM-head rows) to a multiple of this; padding is never predicted. "
-              "Fixed, so every tensor-parallel size starts from the same weights; must be divisible by "
-              "tensor_model_parallel_size (after padding).";
-  schema.add(padTo);
-
-  KeySpec evalSize;
-  evalSize.path = "data.eval_size";
-  evalSize.type = ValueType::kInt;
-  evalSize.default_value = "512";
-  evalSize.min = 0;
-  evalSize.doc = "Evaluation problems (a separate seeded stream), split across data-parallel ranks.";
-  schema.add(evalSize);
+  schema.add(oneOf(key("data.operations", T::kStringList, "[add]",
+                       "Arithmetic operations the problems use, drawn uniformly per problem (add, sub, mul)."),
+                   {"add", "sub", "mul"}));
+  schema.add(atMost(atLeast(key("data.digits", T::kInt, "2",
+                                "Most digits of each operand; operands are uniform in [0, 10^digits)."),
+                            1),
+                    9));
+  schema.add(atLeast(key("data.eval_size", T::kInt, "512",
+                         "Evaluation problems (a separate seeded stream), split across data-parallel ranks."),
+                     0));
 }
 
 void LlmTrainer::setup(const Recipe& recipe) {

@@ -1,15 +1,18 @@
 // ptrain check: load a recipe, validate it against the schema and its parallel
-// layout against a world size, without starting any worker.
+// layout against a world size (and the installed parallel plugins), without
+// starting any worker.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/parallel_plugins.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
-#include "ptrain/layout/validation.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
@@ -100,9 +103,17 @@ int cmdCheck(const CheckArgs& args) {
   if (!problems.empty()) return report(problems);
 
   const int world = args.nproc > 0 ? args.nproc : static_cast<int>(recipe.getInt("launch.nproc"));
-  problems = checkLayout(recipe, world);
+  const LayoutRequest layout = layoutRequestFromRecipe(recipe, world);
+  problems = checkLayout(layout);
+  // As in `run`: a size no installed plugin executes is refused, not ignored.
+  try {
+    PluginRegistry registry(PluginRegistry::defaultSearchPath(recipe.getStringList("plugins.paths")));
+    for (auto& p : checkParallelPlugins(layout, registry)) problems.push_back(std::move(p));
+  } catch (const PluginLoadError& e) {
+    problems.push_back(e.what());
+  }
   if (!problems.empty()) return report(problems);
-  for (const auto& w : layoutWarnings(recipe, world)) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
+  for (const auto& w : layoutWarnings(layout)) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
   // Values that are fine alone but not together (e.g. a sequence too short
   // for the dataset's problems) are the trainer's to judge, as in `run`.
   if (trainerPlugin) {
@@ -113,7 +124,7 @@ int cmdCheck(const CheckArgs& args) {
     }
   }
 
-  const LayoutPlan plan = planLayout(recipe, world);
+  const LayoutPlan plan = planLayout(layout);
   const LayoutSizes& s = plan.sizes;
   std::printf("%s: OK\n", args.recipe.c_str());
   std::printf("layout: world=%d tp=%d pp=%d dp=%d cp=%d ep=%d etp=%d edp=%d", s.world, s.tp, s.pp, plan.dp, s.cp,

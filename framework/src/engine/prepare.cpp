@@ -1,8 +1,10 @@
 #include <sstream>
+#include <utility>
 
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/parallel_plugins.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
-#include "ptrain/layout/validation.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {
@@ -38,13 +40,16 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   out.recipe.validate(schema);
 
   out.world_size = worldSize > 0 ? worldSize : static_cast<int>(out.recipe.getInt("launch.nproc"));
-  auto problems = checkLayout(out.recipe, out.world_size);
+  const LayoutRequest layout = layoutRequestFromRecipe(out.recipe, out.world_size);
+  auto problems = checkLayout(layout);
+  // A size no installed plugin executes would only repeat the same work.
+  for (auto& p : checkParallelPlugins(layout, *out.registry)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
     throw ConfigError(os.str());
   }
-  out.warnings = layoutWarnings(out.recipe, out.world_size);
+  out.warnings = layoutWarnings(layout);
   out.trainer->setup(out.recipe);
   return out;
 }

@@ -123,7 +123,11 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   ctx.rank = comm_.rank();
   ctx.world_size = comm_.worldSize();
   ctx.device = options_.device;
-  for (const auto& name : parallelPluginsFor(options_.layout.sizes())) {
+  // The expert tensor size defaults to tp whether or not the model has
+  // experts; only a split of the experts across ep needs the expert plugin.
+  LayoutSizes sizes = options_.layout.sizes();
+  if (sizes.ep == 1) sizes.etp = 1;
+  for (const auto& name : parallelPluginsFor(sizes)) {
     pluginObjects_.push_back(registry.create(plugin_kind::kParallel, name, ctx, "parallel"));
     parallel_.push_back(static_cast<ParallelPlugin*>(pluginObjects_.back().get()));
   }

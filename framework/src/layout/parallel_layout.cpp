@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <sstream>
 
-#include "ptrain/recipe/recipe.h"
-
 namespace ptrain {
 namespace {
 
@@ -104,21 +102,6 @@ ParallelLayout::ParallelLayout(const LayoutSizes& sizes) : sizes_(sizes) {
                   "pipeline_model_parallel_size=",
                   expert, ": use expert_model_parallel_size in ", divisorsOf(s.world / (s.etp * s.pp) > 0 ? s.world / (s.etp * s.pp) : 1));
   edp_ = s.world / expert;
-}
-
-ParallelLayout ParallelLayout::fromRecipe(const Recipe& recipe, int worldSize) {
-  LayoutSizes s;
-  s.world = worldSize;
-  s.tp = static_cast<int>(recipe.getInt("parallel.tensor_model_parallel_size"));
-  s.cp = static_cast<int>(recipe.getInt("parallel.context_parallel_size"));
-  s.pp = static_cast<int>(recipe.getInt("parallel.pipeline_model_parallel_size"));
-  s.vpp = static_cast<int>(recipe.getInt("parallel.virtual_pipeline_model_parallel_size"));
-  s.ep = static_cast<int>(recipe.getInt("parallel.expert_model_parallel_size"));
-  // Megatron: the expert tensor-parallel size defaults to the dense one.
-  s.etp = recipe.isExplicit("parallel.expert_tensor_parallel_size")
-              ? static_cast<int>(recipe.getInt("parallel.expert_tensor_parallel_size"))
-              : s.tp;
-  return ParallelLayout(s);
 }
 
 std::vector<std::vector<int>> ParallelLayout::groups(GroupKind kind) const {

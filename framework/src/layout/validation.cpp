@@ -1,11 +1,9 @@
 #include "ptrain/layout/validation.h"
 
 #include <cstdio>
-#include <functional>
 
+#include "ptrain/core/text.h"
 #include "ptrain/pipeline/schedule.h"
-#include "ptrain/recipe/recipe.h"
-#include "recipe/text_util.h"
 
 namespace ptrain {
 namespace {
@@ -32,44 +30,41 @@ std::string nearMultiples(int64_t n, int64_t step) {
 
 std::string list(const std::vector<int64_t>& v) { return text::joinOr(v); }
 
-// The values a check reads, with "not set" for optional model keys.
+// The request's sizes, with 0 for model sizes it leaves unset, and where
+// each message points.
 struct Values {
-  const Recipe& r;
+  const LayoutRequest& q;
   int64_t world;
   int64_t tp, pp, vpp, cp, ep, etp;
   bool sequenceParallel;
   std::string schedule;
 
-  explicit Values(const Recipe& recipe, int worldSize)
-      : r(recipe),
-        world(worldSize),
-        tp(recipe.getInt("parallel.tensor_model_parallel_size")),
-        pp(recipe.getInt("parallel.pipeline_model_parallel_size")),
-        vpp(recipe.getInt("parallel.virtual_pipeline_model_parallel_size")),
-        cp(recipe.getInt("parallel.context_parallel_size")),
-        ep(recipe.getInt("parallel.expert_model_parallel_size")),
-        etp(recipe.getInt("parallel.expert_tensor_parallel_size")),
-        sequenceParallel(recipe.getBool("parallel.sequence_parallel")),
-        schedule(recipe.getString("parallel.pipeline_schedule")) {}
+  explicit Values(const LayoutRequest& request)
+      : q(request),
+        world(request.world),
+        tp(request.tp),
+        pp(request.pp),
+        vpp(request.vpp),
+        cp(request.cp),
+        ep(request.ep),
+        etp(request.etp),
+        sequenceParallel(request.sequence_parallel),
+        schedule(request.pipeline_schedule) {}
 
-  // 0 when the recipe leaves an optional key unset.
-  int64_t model(const char* key) const {
-    std::string k = std::string("model.") + key;
-    return r.has(k) ? r.getInt(k) : 0;
-  }
+  static int64_t model(const std::optional<int64_t>& size) { return size.value_or(0); }
+
+  bool isWritten(const std::string& key) const { return q.written.count(key) > 0; }
+
+  // "<where the key is>: ", or nothing when the request cannot say.
+  std::string written(const std::string& key) const { return q.where ? q.where(key) + ": " : ""; }
 
   // Location of the key to blame: the first of `keys` written by the user,
-  // else where the first one would go (its section, or the recipe file).
+  // else where the first one would go.
   std::string at(std::initializer_list<const char*> keys) const {
     for (const char* k : keys) {
-      if (r.isExplicit(k)) return r.location(k).str() + ": ";
+      if (isWritten(k)) return written(k);
     }
     return written(*keys.begin());
-  }
-
-  std::string written(const std::string& key) const {
-    if (r.isExplicit(key)) return r.location(key).str() + ": ";
-    return r.location(key.substr(0, key.find('.'))).str() + ": ";
   }
 };
 
@@ -101,7 +96,7 @@ std::string worldMessage(int64_t world, const std::string& names, int64_t produc
 // Blame the sizes that are not 1, the user's first.
 std::string blameGrid(const Values& v, std::vector<std::pair<const char*, int64_t>> sizes) {
   for (const auto& [k, n] : sizes) {
-    if (n > 1 && v.r.isExplicit(k)) return v.r.location(k).str() + ": ";
+    if (n > 1 && v.isWritten(k)) return v.written(k);
   }
   for (const auto& [k, n] : sizes) {
     if (n > 1) return v.written(k);
@@ -113,14 +108,14 @@ bool denseGridFits(const Values& v) { return v.world % (v.tp * v.pp * v.cp) == 0
 
 }  // namespace
 
-std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
+std::vector<std::string> checkLayout(const LayoutRequest& request) {
   std::vector<std::string> out;
-  if (worldSize < 1) {
-    out.push_back(Values(recipe, 1).written("launch.nproc") + "world size " + std::to_string(worldSize) +
+  const Values v(request);
+  if (request.world < 1) {
+    out.push_back(v.written("launch.nproc") + "world size " + std::to_string(request.world) +
                   " is not valid: use --nproc 1 or more");
     return out;
   }
-  const Values v(recipe, worldSize);
   auto n = [](int64_t x) { return std::to_string(x); };
 
   // The dense grid tp x cp x dp x pp must tile the world.
@@ -133,7 +128,7 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   }
 
   // The expert grid etp x ep x edp x pp over the same ranks (MoE only).
-  const int64_t experts = v.model("num_experts");
+  const int64_t experts = Values::model(request.num_experts);
   if (experts > 0 && v.ep * v.etp > 1) {
     const int64_t grid = v.etp * v.ep * v.pp;
     if (v.world % grid != 0) {
@@ -161,12 +156,12 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   }
 
   // Blocks per stage.
-  const int64_t layers = v.model("num_layers");
+  const int64_t layers = Values::model(request.num_layers);
   const int64_t stages = v.pp * v.vpp;
   const std::string stageNames = v.vpp > 1 ? "pipeline_model_parallel_size*virtual_pipeline_model_parallel_size"
                                            : "pipeline_model_parallel_size";
-  if (recipe.has(kLayout)) {
-    std::vector<int64_t> layout = recipe.getIntList(kLayout);
+  if (request.pipeline_layout) {
+    const std::vector<int64_t>& layout = *request.pipeline_layout;
     int64_t sum = 0;
     for (int64_t b : layout) sum += b;
     if (static_cast<int64_t>(layout.size()) != stages) {
@@ -189,8 +184,8 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   }
 
   // Tensor parallelism splits heads and the MLP; heads split the hidden size.
-  const int64_t heads = v.model("num_attention_heads");
-  const int64_t hidden = v.model("hidden_size");
+  const int64_t heads = Values::model(request.num_attention_heads);
+  const int64_t hidden = Values::model(request.hidden_size);
   if (heads > 0 && heads % v.tp != 0) {
     out.push_back(v.at({kTp, kHeads}) + "tensor_model_parallel_size=" + n(v.tp) +
                   " does not divide num_attention_heads=" + n(heads) + ": use " + list(divisors(heads)));
@@ -205,7 +200,7 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
     out.push_back(v.at({kTp, kHidden}) + "tensor_model_parallel_size=" + n(v.tp) + " does not divide hidden_size=" +
                   n(hidden) + ": use " + list(divisors(hidden)));
   }
-  const int64_t ffnSet = v.model("ffn_hidden_size");
+  const int64_t ffnSet = Values::model(request.ffn_hidden_size);
   const int64_t ffn = ffnSet > 0 ? ffnSet : 4 * hidden;
   if (ffn > 0 && ffn % v.tp != 0) {
     out.push_back((ffnSet > 0 ? v.at({kTp, kFfn}) : v.at({kTp, kHidden})) + "tensor_model_parallel_size=" + n(v.tp) +
@@ -223,8 +218,8 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
     out.push_back(v.at({kEp, kExperts}) + "expert_model_parallel_size=" + n(v.ep) + " does not divide num_experts=" +
                   n(experts) + ": use " + list(divisors(experts)));
   }
-  if (experts > 0) {
-    const int64_t topk = recipe.getInt(kTopk);
+  if (experts > 0 && request.moe_router_topk) {
+    const int64_t topk = *request.moe_router_topk;
     if (topk > experts) {
       out.push_back(v.at({kTopk, kExperts}) + "moe_router_topk=" + n(topk) + " exceeds num_experts=" + n(experts) +
                     ": use at most " + n(experts));
@@ -234,9 +229,9 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   // The global batch splits into micro-batches on every data-parallel rank.
   if (denseOk) {
     const int64_t dp = v.world / dense;
-    const int64_t global = recipe.getInt(kGlobal);
-    if (recipe.has(kMicro)) {
-      const int64_t micro = recipe.getInt(kMicro);
+    const int64_t global = request.global_batch_size;
+    if (request.micro_batch_size) {
+      const int64_t micro = *request.micro_batch_size;
       if (global % (micro * dp) != 0) {
         std::string fix = "use global_batch_size " + nearMultiples(global, micro * dp);
         if (global % dp == 0) fix += ", or micro_batch_size " + list(divisors(global / dp));
@@ -254,8 +249,8 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   // Megatron's interleaved schedule runs micro-batches in groups of pp.
   if (denseOk && v.pp > 1 && v.vpp > 1 && v.schedule == "interleaved") {
     const int64_t dp = v.world / dense;
-    const int64_t global = recipe.getInt(kGlobal);
-    const int64_t micro = recipe.has(kMicro) ? recipe.getInt(kMicro) : (global % dp == 0 ? global / dp : 0);
+    const int64_t global = request.global_batch_size;
+    const int64_t micro = request.micro_batch_size ? *request.micro_batch_size : (global % dp == 0 ? global / dp : 0);
     if (micro > 0 && global % (micro * dp) == 0) {
       const int64_t m = global / (micro * dp);
       if (m % v.pp != 0) {
@@ -269,7 +264,7 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
 
   // Context parallelism splits the sequence; sequence parallelism splits each
   // context chunk again across the tensor-parallel group.
-  const int64_t seq = v.model("seq_length");
+  const int64_t seq = Values::model(request.seq_length);
   bool seqOk = true;
   if (seq > 0 && v.cp > 1 && seq % v.cp != 0) {
     seqOk = false;
@@ -287,20 +282,20 @@ std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
   return out;
 }
 
-std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize) {
+std::vector<std::string> layoutWarnings(const LayoutRequest& request) {
   std::vector<std::string> out;
-  if (worldSize < 1) return out;
-  const Values v(recipe, worldSize);
+  if (request.world < 1) return out;
+  const Values v(request);
   if (v.sequenceParallel && v.tp == 1) {
     out.push_back(v.at({kSp}) + "sequence_parallel has no effect with tensor_model_parallel_size=1; it is ignored");
   }
-  const int64_t experts = v.model("num_experts");
+  const int64_t experts = Values::model(request.num_experts);
   if (experts == 0 && v.etp > 1) {
     out.push_back(v.at({kEtp}) + "expert_tensor_parallel_size=" + std::to_string(v.etp) +
                   " has no effect on a dense model (num_experts=0); it is ignored");
   }
-  if (v.pp > 1 && checkLayout(recipe, worldSize).empty()) {
-    LayoutPlan plan = planLayout(recipe, worldSize);
+  if (v.pp > 1 && checkLayout(request).empty()) {
+    LayoutPlan plan = planLayout(request);
     if (plan.micro_batches < v.pp) {
       const auto kind = pipeline::scheduleFromName(v.schedule);
       const double bubble = pipeline::bubbleFormula(kind, static_cast<int>(v.pp), static_cast<int>(v.vpp),
@@ -319,26 +314,26 @@ std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize) {
   return out;
 }
 
-LayoutPlan planLayout(const Recipe& recipe, int worldSize) {
-  std::vector<std::string> problems = checkLayout(recipe, worldSize);
+LayoutPlan planLayout(const LayoutRequest& request) {
+  std::vector<std::string> problems = checkLayout(request);
   if (!problems.empty()) throw ConfigError(problems.front());
-  const Values v(recipe, worldSize);
+  const Values v(request);
   LayoutPlan plan;
-  plan.sizes.world = worldSize;
+  plan.sizes.world = static_cast<int>(v.world);
   plan.sizes.tp = static_cast<int>(v.tp);
   plan.sizes.cp = static_cast<int>(v.cp);
   plan.sizes.pp = static_cast<int>(v.pp);
   plan.sizes.vpp = static_cast<int>(v.vpp);
   // A dense model has no expert grid: checkLayout refuses ep > 1 there and
   // layoutWarnings reports etp > 1 as ignored, so both are 1.
-  const bool moe = v.model("num_experts") > 0;
+  const bool moe = Values::model(request.num_experts) > 0;
   plan.sizes.ep = moe ? static_cast<int>(v.ep) : 1;
   plan.sizes.etp = moe ? static_cast<int>(v.etp) : 1;
   plan.dp = static_cast<int>(v.world / (v.tp * v.pp * v.cp));
   plan.edp = static_cast<int>(v.world / (int64_t{plan.sizes.etp} * plan.sizes.ep * v.pp));
-  plan.global_batch_size = recipe.getInt(kGlobal);
-  plan.micro_batch_size_derived = !recipe.has(kMicro);
-  plan.micro_batch_size = plan.micro_batch_size_derived ? plan.global_batch_size / plan.dp : recipe.getInt(kMicro);
+  plan.global_batch_size = request.global_batch_size;
+  plan.micro_batch_size_derived = !request.micro_batch_size;
+  plan.micro_batch_size = plan.micro_batch_size_derived ? plan.global_batch_size / plan.dp : *request.micro_batch_size;
   plan.micro_batches = plan.global_batch_size / (plan.micro_batch_size * plan.dp);
   return plan;
 }

@@ -1,54 +1,29 @@
 // The keys of the sections the core owns. Names follow Megatron-LM where it
-// has one, so a Megatron user recognises every parallel and model key.
+// has one, so a Megatron user recognises every parallel and model key. The
+// model keys here are the shape the layout checks read; a model key only a
+// trainer reads (vocab_size, dropout, ...) belongs to that trainer's
+// describeKeys.
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/schema.h"
 
 namespace ptrain {
-namespace {
-
-KeySpec key(const char* path, ValueType type, const char* def, const char* doc) {
-  KeySpec k;
-  k.path = path;
-  k.type = type;
-  k.default_value = def;
-  k.doc = doc;
-  return k;
-}
-
-KeySpec required(const char* path, ValueType type, const char* doc) {
-  KeySpec k = key(path, type, "", doc);
-  k.required = true;
-  return k;
-}
-
-KeySpec atLeast(KeySpec k, double min) {
-  k.min = min;
-  return k;
-}
-
-KeySpec above(KeySpec k, double min) {
-  k.min = min;
-  k.min_exclusive = true;
-  return k;
-}
-
-KeySpec unitBelowOne(KeySpec k) {
-  k.min = 0;
-  k.max = 1;
-  k.max_exclusive = true;
-  return k;
-}
-
-KeySpec oneOf(KeySpec k, std::vector<std::string> choices) {
-  k.choices = std::move(choices);
-  return k;
-}
-
-}  // namespace
 
 void describeCoreKeys(Schema& s) {
   using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::key;
+  using keys::oneOf;
+  using keys::required;
+  using keys::reserved;
+  using keys::unitBelowOne;
+  const char* const kNoOffload = "no offload plugin exists";
+  const char* const kNoFusedKernel = "no fused kernel exists";
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
+
+  s.add(reserved(oneOf(key("device", T::kString, "cpu", "Device the workers compute on."), {"cpu", "cuda"}),
+                 "cuda arrives with the GPU build", {"cpu"}));
 
   s.add(atLeast(key("launch.nproc", T::kInt, "1", "Worker processes on this host when `--nproc` is not given."), 1));
 
@@ -62,12 +37,8 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("model.num_attention_heads", T::kInt, "", "Attention heads per layer; split across tensor-parallel ranks."), 1));
   s.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of the MLP inside each block; 0 means 4 * hidden_size."), 0));
   s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
-  s.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
   s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
   s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
-  s.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
-  s.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
-  s.add(key("model.tie_embeddings", T::kBool, "true", "Share the input embedding with the output projection."));
 
   s.add(key("data.name", T::kString, "", "Dataset the trainer reads, e.g. `arithmetic`."));
 
@@ -76,8 +47,8 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("train.micro_batch_size", T::kInt, "", "Samples per forward/backward pass on one rank; not set: global_batch_size / data-parallel size."), 1));
   s.add(atLeast(key("train.seed", T::kInt, "1234", "Seed for initialisation, data order and dropout."), 0));
   s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
-  s.add(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1));
-  s.add(oneOf(key("train.device", T::kString, "cpu", "Where the model computes."), {"cpu"}));
+  s.add(reserved(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1),
+                 "the trainer sizes evaluation, e.g. the llm trainer's data.eval_size", {}));
   s.add(atLeast(key("train.log_every", T::kInt, "10", "Log the loss every this many steps."), 1));
 
   s.add(oneOf(key("optimizer.name", T::kString, "adamw", "Optimizer."), {"adamw", "sgd"}));
@@ -109,7 +80,8 @@ void describeCoreKeys(Schema& s) {
   s.add(key("communication.backend", T::kString, "gloo", "Comm plugin for collectives: `gloo` on CPU, `nccl` on GPU."));
   s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));
 
-  s.add(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."));
+  s.add(reserved(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."),
+                 "bf16 and fp16 arrive with the precision plugins", {"fp32"}));
 
   s.add(oneOf(key("cpu.allocator", T::kString, "caching",
                   "Host memory for tensors: `caching` keeps freed blocks for reuse (no page faults once sizes repeat), `system` calls malloc and free for each."),
@@ -118,13 +90,13 @@ void describeCoreKeys(Schema& s) {
                   "Linear layers and attention on the CPU: `ptrain` splits their products over one thread pool itself (BLAS on one thread per call), `libtorch` uses libtorch's ops."),
               {"ptrain", "libtorch"}));
 
-  s.add(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."));
-  s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."));
+  s.add(reserved(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."), kNoOffload, {"false"}));
+  s.add(reserved(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."), kNoOffload, {"false"}));
 
-  s.add(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."));
-  s.add(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."));
-  s.add(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."));
-  s.add(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."));
+  s.add(reserved(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."), kNoFusedKernel, {"false"}));
+  s.add(reserved(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."), kNoFusedKernel, {"false"}));
 
   s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));

@@ -276,6 +276,7 @@ struct Recipe::Impl {
   std::map<std::string, Leaf> leaves;
   std::map<std::string, Written> written;   // every mapping key ever written, last writer wins
   std::vector<std::string> schemaOrder;     // key order of the last schema, for toYaml
+  std::set<std::string> reservedKeys;       // keys the last schema marks reserved
   uint64_t nextOrder = 0;
 
   void apply(const Op& op, bool isExplicit = true) {
@@ -393,6 +394,9 @@ std::vector<std::string> Recipe::validateAll(const Schema& schema, bool allowUnk
     if (const KeySpec* spec = schema.find(path)) {
       int bad = -1;
       std::string err = Schema::checkValue(*spec, leaf.value, &bad);
+      // Every leaf here was written (defaults are filled below), so a
+      // reserved key's value is the recipe's own.
+      if (err.empty()) err = Schema::checkReserved(*spec, leaf.value);
       if (!err.empty()) {
         SourceLocation loc = leaf.value_loc;
         if (bad >= 0 && leaf.value_loc.line > 0) loc = at(leaf.value_loc.file, leaf.value[bad].Mark());
@@ -472,7 +476,11 @@ std::vector<std::string> Recipe::validateAll(const Schema& schema, bool allowUnk
   }
 
   im.schemaOrder.clear();
-  for (const auto& spec : schema.keys()) im.schemaOrder.push_back(spec.path);
+  im.reservedKeys.clear();
+  for (const auto& spec : schema.keys()) {
+    im.schemaOrder.push_back(spec.path);
+    if (!spec.reserved.empty()) im.reservedKeys.insert(spec.path);
+  }
   im.refreshName();
   return problems;
 }
@@ -669,7 +677,12 @@ std::string Recipe::toYaml() const {
     return im.schemaOrder.size();
   };
   std::vector<std::pair<size_t, const std::string*>> keys;
-  for (const auto& kv : im.leaves) keys.emplace_back(rankOf(kv.first), &kv.first);
+  for (const auto& kv : im.leaves) {
+    // A reserved key's default may be one that no recipe may write
+    // (train.eval_batches): leave it out, loading the text back restores it.
+    if (!kv.second.is_explicit && im.reservedKeys.count(kv.first) > 0) continue;
+    keys.emplace_back(rankOf(kv.first), &kv.first);
+  }
   std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
 
   // Sections appear in the order of their first key, so place each section

@@ -171,6 +171,45 @@ std::string Schema::checkValue(const KeySpec& spec, const YAML::Node& value, int
   return checkScalar(spec, spec.type, value);
 }
 
+namespace {
+
+// True when `value` and the YAML text `accepted` are the same value of the
+// key's type: `no` is false, `0x10` is 16.
+bool sameValue(const KeySpec& spec, const YAML::Node& value, const std::string& accepted) {
+  const YAML::Node want = YAML::Load(accepted);
+  if (!value.IsScalar() || !want.IsScalar()) return YAML::Dump(value) == YAML::Dump(want);
+  const std::string& a = value.Scalar();
+  const std::string& b = want.Scalar();
+  switch (spec.type) {
+    case ValueType::kInt: {
+      int64_t x = 0, y = 0;
+      return text::parseInt(a, &x) && text::parseInt(b, &y) && x == y;
+    }
+    case ValueType::kFloat: {
+      double x = 0, y = 0;
+      return text::parseFloat(a, &x) && text::parseFloat(b, &y) && x == y;
+    }
+    case ValueType::kBool: {
+      bool x = false, y = false;
+      return text::parseBool(a, &x) && text::parseBool(b, &y) && x == y;
+    }
+    default: return a == b;
+  }
+}
+
+}  // namespace
+
+std::string Schema::checkReserved(const KeySpec& spec, const YAML::Node& value) {
+  if (spec.reserved.empty()) return "";
+  for (const auto& accepted : spec.reserved_accepts) {
+    if (sameValue(spec, value, accepted)) return "";
+  }
+  const std::string shown = value.IsScalar() ? value.Scalar() : text::describeNode(value);
+  std::string msg = shown + " is not implemented yet (" + spec.reserved + "); remove it";
+  if (!spec.reserved_accepts.empty()) msg += " or set " + text::joinOr(spec.reserved_accepts);
+  return msg;
+}
+
 void Schema::add(KeySpec spec) {
   const std::string where = "schema key '" + spec.path + "': ";
   PTRAIN_CHECK(text::isKeyPath(spec.path), where, "not a dotted key path");
@@ -186,6 +225,18 @@ void Schema::add(KeySpec spec) {
       std::string err = checkValue(spec, node);
       PTRAIN_CHECK(err.empty(), where, "default '", spec.default_value, "' does not fit: ", err);
     }
+  }
+  PTRAIN_CHECK(!spec.reserved.empty() || spec.reserved_accepts.empty(), where,
+               "accepted values without a reason why the rest are reserved");
+  for (const auto& accepted : spec.reserved_accepts) {
+    YAML::Node node;
+    try {
+      node = YAML::Load(accepted);
+    } catch (const YAML::Exception& e) {
+      PTRAIN_CHECK(false, where, "accepted value '", accepted, "' is not YAML: ", e.msg);
+    }
+    std::string err = node.IsNull() ? "it is empty" : checkValue(spec, node);
+    PTRAIN_CHECK(err.empty(), where, "accepted value '", accepted, "' does not fit: ", err);
   }
   // A path cannot be both a key and a section (except below a free-form map).
   for (const auto& k : keys_) {
@@ -265,13 +316,44 @@ std::string defaultText(const KeySpec& k) {
   return k.default_value;
 }
 
+// What a reserved key accepts today, then what waits: "false (true: not
+// implemented yet)", "fp32 (others: not implemented yet)". `quote` wraps each
+// value (backticks in markdown).
+std::string reservedText(const KeySpec& k, const std::string& quote) {
+  if (k.reserved_accepts.empty()) return "unset only (not implemented yet)";
+  auto accepted = [&](const std::string& v) {
+    for (const auto& a : k.reserved_accepts) {
+      if (sameValue(k, YAML::Load(v), a)) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> now, later;
+  for (const auto& a : k.reserved_accepts) now.push_back(quote + a + quote);
+  std::vector<std::string> known = k.choices;
+  if (k.type == ValueType::kBool) known = {"true", "false"};
+  for (const auto& v : known) {
+    if (!accepted(v)) later.push_back(quote + v + quote);
+  }
+  const bool closed = !known.empty();
+  if (closed && later.empty()) return text::joinOr(now, ", ", ", ");
+  return text::joinOr(now, ", ", ", ") + " (" + (closed ? text::joinOr(later, ", ", ", ") : "others") +
+         ": not implemented yet)";
+}
+
 std::string allowedText(const KeySpec& k, const std::string& sep) {
+  if (!k.reserved.empty()) return reservedText(k, "");
   if (!k.choices.empty()) {
     std::string out;
     for (size_t i = 0; i < k.choices.size(); ++i) out += (i ? sep : "") + k.choices[i];
     return out;
   }
   return Schema::rangeText(k);
+}
+
+// The doc, and for a reserved key why it does not run yet.
+std::string meaningText(const KeySpec& k) {
+  if (k.reserved.empty()) return k.doc;
+  return k.doc + " Not implemented yet: " + k.reserved + ".";
 }
 
 std::string escapeCell(const std::string& s) {
@@ -304,13 +386,15 @@ std::string Schema::markdown() const {
       std::string def = defaultText(k);
       if (!k.required && !k.default_value.empty()) def = "`" + escapeCell(def) + "`";
       std::string allowed;
-      if (!k.choices.empty()) {
+      if (!k.reserved.empty()) {
+        allowed = escapeCell(reservedText(k, "`"));
+      } else if (!k.choices.empty()) {
         for (size_t i = 0; i < k.choices.size(); ++i) allowed += (i ? ", " : "") + ("`" + k.choices[i] + "`");
       } else {
         allowed = escapeCell(rangeText(k));
       }
       os << "| `" << k.path << "` | " << toString(k.type) << " | " << def << " | " << allowed << " | "
-         << escapeCell(k.doc) << " |\n";
+         << escapeCell(meaningText(k)) << " |\n";
     }
   }
   return os.str();
@@ -330,7 +414,7 @@ std::string Schema::text() const {
      << pad("allowed", wAllowed) << "  meaning\n";
   for (const auto& k : keys_) {
     os << pad(k.path, wPath) << "  " << pad(toString(k.type), wType) << "  " << pad(defaultText(k), wDefault)
-       << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << k.doc << "\n";
+       << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << meaningText(k) << "\n";
   }
   return os.str();
 }

@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 
 #include <yaml-cpp/yaml.h>
@@ -61,51 +60,11 @@ bool parseBool(const std::string& s, bool* out) {
   return false;
 }
 
-std::string formatNumber(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
-    return std::to_string(static_cast<long long>(v));
-  }
-  char buf[64];
-  for (int precision = 6; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  // "1e-08" -> "1e-8": the way people write it in a recipe.
-  std::string s(buf);
-  auto e = s.find('e');
-  if (e != std::string::npos) {
-    std::string mant = s.substr(0, e), exp = s.substr(e + 1);
-    std::string sign;
-    if (!exp.empty() && (exp[0] == '-' || exp[0] == '+')) {
-      if (exp[0] == '-') sign = "-";
-      exp = exp.substr(1);
-    }
-    exp.erase(0, std::min(exp.find_first_not_of('0'), exp.size() - 1));
-    s = mant + "e" + sign + exp;
-  }
-  return s;
-}
-
 std::string describeNode(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing";
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
   return "'" + node.Scalar() + "'";
-}
-
-std::string joinOr(const std::vector<std::string>& items, const std::string& sep, const std::string& last) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += (i + 1 == items.size()) ? last : sep;
-    out += items[i];
-  }
-  return out;
-}
-
-std::string joinOr(const std::vector<int64_t>& items, const std::string& sep, const std::string& last) {
-  std::vector<std::string> s;
-  for (int64_t v : items) s.push_back(std::to_string(v));
-  return joinOr(s, sep, last);
 }
 
 size_t editDistance(const std::string& a0, const std::string& b0) {

@@ -1,11 +1,14 @@
-// Small text helpers shared by the recipe, schema and layout checks: strict
-// scalar parsing (the same rules for validation and getters), number
-// formatting for messages, "did you mean" distances.
+// Text helpers only the recipe and the schema use: strict scalar parsing (the
+// same rules for validation and getters), "did you mean" distances, key
+// paths. Number formatting and lists for messages are public, in
+// ptrain/core/text.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "ptrain/core/text.h"
 
 namespace YAML {
 class Node;
@@ -20,17 +23,8 @@ bool parseInt(const std::string& s, int64_t* out);
 bool parseFloat(const std::string& s, double* out);
 bool parseBool(const std::string& s, bool* out);
 
-// Shortest text that reads back as `v` ("8", "0.001", "3e-08").
-std::string formatNumber(double v);
-
 // "'abc'" for a scalar, "a list", "a mapping", "nothing" for null.
 std::string describeNode(const YAML::Node& node);
-
-// "a, b or c" with the given separators.
-std::string joinOr(const std::vector<std::string>& items, const std::string& sep = ", ",
-                   const std::string& last = " or ");
-std::string joinOr(const std::vector<int64_t>& items, const std::string& sep = ", ",
-                   const std::string& last = " or ");
 
 // Optimal-string-alignment distance (a swap of neighbours counts once), ignoring case.
 size_t editDistance(const std::string& a, const std::string& b);

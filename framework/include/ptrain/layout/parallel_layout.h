@@ -6,6 +6,9 @@
 // Example (Megatron's documented case): 16 ranks, tp=2, pp=4 -> dp=2,
 // tensor groups [0,1],[2,3],..., data groups [0,2],[1,3],[4,6],...,
 // pipeline groups [0,4,8,12],[1,5,9,13],...
+//
+// Sizes only: engine/recipe_layout.h reads them from a recipe
+// (layoutFromRecipe).
 #pragma once
 
 #include <string>
@@ -14,8 +17,6 @@
 #include "ptrain/core/error.h"
 
 namespace ptrain {
-
-class Recipe;
 
 struct LayoutSizes {
   int world = 1;
@@ -37,8 +38,6 @@ class PTRAIN_API ParallelLayout {
   // Throws ConfigError when the sizes do not split the world (each message
   // names both numbers and what would fit).
   explicit ParallelLayout(const LayoutSizes& sizes);
-  // Reads parallel.* from a validated recipe.
-  static ParallelLayout fromRecipe(const Recipe& recipe, int worldSize);
 
   const LayoutSizes& sizes() const { return sizes_; }
   int world() const { return sizes_.world; }

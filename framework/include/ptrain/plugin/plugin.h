@@ -46,7 +46,7 @@ struct PluginContext {
   const Recipe* recipe = nullptr;          // resolved recipe; null in `ptrain plugins`
   int rank = 0;                            // global rank of this process
   int world_size = 1;
-  // Where the plugin's model computes (train.device): parameters, activations
+  // Where the plugin's model computes (the recipe's `device`): parameters, activations
   // and the scalars that go through collectives live there.
   at::Device device{at::kCPU};
 };

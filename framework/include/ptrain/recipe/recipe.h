@@ -12,7 +12,8 @@
 //
 // Two phases: load() checks syntax and structure; validate(schema) checks
 // every key against the schema (unknown keys with "did you mean", types,
-// ranges, choices, required keys) and fills defaults. Getters are used after
+// ranges, choices, required keys, values a reserved key cannot run yet) and
+// fills defaults. Getters are used after
 // validate(). All failures throw ConfigError with one line of text of the form
 // `<file>:<line>:<col>: <key.path>: <what is wrong>; <how to fix>`; values from
 // the command line say `<command line>` and schema defaults `<default>`.
@@ -108,7 +109,9 @@ class PTRAIN_API Recipe {
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
   // The resolved recipe (every value, defaults included) as YAML text,
-  // suitable for saving next to a run and loading back.
+  // suitable for saving next to a run and loading back. A key the schema
+  // marks reserved appears only when the recipe set it: its default may be a
+  // value a recipe may not write, and loading the text back restores it.
   std::string toYaml() const;
 
   // Sets a value programmatically (YAML text), as an override would; its

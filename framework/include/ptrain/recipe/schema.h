@@ -2,8 +2,10 @@
 //
 // The core describes its own sections (describeCoreKeys); a trainer plugin adds
 // the keys of its model and data sections. Validation rejects any key that the
-// schema does not list, suggesting the nearest known one. docs/recipes.md is
-// generated from the same table (`ptrain keys --markdown`).
+// schema does not list, suggesting the nearest known one, and any value that a
+// reserved key (planned, not built yet) cannot run. docs/recipes.md is
+// generated from the same table (`ptrain keys --markdown`). The builders in
+// ptrain/recipe/key_specs.h fill a KeySpec in one line.
 //
 // Thread-safety: a Schema is a plain value; build it on one thread, then read
 // it from any number of threads.
@@ -39,6 +41,12 @@ struct KeySpec {
   bool max_exclusive = false;         // e.g. beta1 < 1
   std::vector<std::string> choices;   // allowed strings (and list elements)
   std::string doc;                    // one sentence for docs/recipes.md
+  // Planned but not built yet (keys::reserved): why, in a few words, e.g.
+  // "bf16 and fp16 arrive with the precision plugins"; empty for a key that
+  // runs whatever its value. A recipe that sets a reserved key to a value
+  // outside reserved_accepts is refused; the schema default never is.
+  std::string reserved;
+  std::vector<std::string> reserved_accepts;  // YAML text of the values that run today; empty: none
 };
 
 class PTRAIN_API Schema {
@@ -50,8 +58,9 @@ class PTRAIN_API Schema {
 
   // Adds or replaces (same path) a key. A replaced key keeps its place in
   // keys(). Throws InternalError when the spec contradicts itself (a malformed
-  // path, a default of the wrong type, out of its own range or choices, or a
-  // default on a required key): that is a bug in whoever describes the key.
+  // path, a default of the wrong type, out of its own range or choices, a
+  // default on a required key, accepted values without a reserved reason or
+  // that do not fit the key): that is a bug in whoever describes the key.
   void add(KeySpec spec);
   // nullptr when `path` is not a key.
   const KeySpec* find(const std::string& path) const;
@@ -74,6 +83,10 @@ class PTRAIN_API Schema {
   // whose element is wrong, `badElement` (when given) receives its index.
   static std::string checkValue(const KeySpec& spec, const YAML::Node& value,
                                 int* badElement = nullptr);
+  // For a reserved key: "" when `value` (already fine by checkValue) is one
+  // of spec.reserved_accepts, else "<value> is not implemented yet (<reason>);
+  // remove it or set <accepted>". Always "" for a key that is not reserved.
+  static std::string checkReserved(const KeySpec& spec, const YAML::Node& value);
   // "an integer", "true or false", "a list of numbers", ... for messages.
   static std::string typeDescription(ValueType type);
   // Human range of a numeric spec: ">= 1", "> 0", "in [0, 1)"; "" when unbounded.
@@ -85,8 +98,11 @@ class PTRAIN_API Schema {
 };
 
 // Keys of the sections the core owns: name, launch, plugins, trainer, model
-// (the common Megatron-style shape keys), data.name, train, optimizer,
-// parallel, communication, precision, offload, fusion, checkpoint, log.
+// (the Megatron-style shape keys the layout checks read: num_layers,
+// hidden_size, num_attention_heads, ffn_hidden_size, seq_length, num_experts,
+// moe_router_topk), data.name, train, optimizer, parallel, communication,
+// precision, cpu, offload, fusion, checkpoint, log. Other model.* and data.*
+// keys belong to the trainer that reads them (Trainer::describeKeys).
 PTRAIN_API void describeCoreKeys(Schema& schema);
 
 }  // namespace ptrain

@@ -1,0 +1,43 @@
+// The layout a recipe asks for: reads parallel.*, the model's shape keys and
+// the batch keys of a Recipe into the size-based layout module
+// (ptrain/layout/validation.h, ptrain/layout/parallel_layout.h), so that
+// module depends on no recipe.
+//
+// Every function here expects a recipe validated against a schema holding
+// the core keys (describeCoreKeys) and throws ConfigError only when a key it
+// reads is missing or mistyped (the recipe was not validated). Messages point
+// at the recipe: a key the user wrote at its file:line:col or
+// `<command line>`, one left at its default at its section (or the recipe
+// file).
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ptrain/core/error.h"
+#include "ptrain/layout/parallel_layout.h"
+#include "ptrain/layout/validation.h"
+
+namespace ptrain {
+
+class Recipe;
+
+// The request for `worldSize` ranks. Model sizes the recipe leaves unset stay
+// unset (not checked). The request keeps its own copy of what `where` needs,
+// so it may outlive `recipe`.
+PTRAIN_API LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize);
+
+// The rank grid for `worldSize` ranks. Following Megatron, the expert
+// tensor-parallel size is tensor_model_parallel_size unless the recipe sets
+// parallel.expert_tensor_parallel_size. Throws ConfigError when the sizes do
+// not split the world (run checkLayout first for the full explanation).
+PTRAIN_API ParallelLayout layoutFromRecipe(const Recipe& recipe, int worldSize);
+
+// checkLayout, layoutWarnings and planLayout of layoutRequestFromRecipe(recipe, worldSize).
+PTRAIN_API std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize);
+PTRAIN_API std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize);
+PTRAIN_API LayoutPlan planLayout(const Recipe& recipe, int worldSize);
+
+}  // namespace ptrain

@@ -1,0 +1,82 @@
+#include "ptrain/engine/recipe_layout.h"
+
+#include <memory>
+#include <optional>
+
+#include "ptrain/recipe/recipe.h"
+
+namespace ptrain {
+namespace {
+
+std::optional<int64_t> optionalInt(const Recipe& recipe, const char* key) {
+  if (!recipe.has(key)) return std::nullopt;
+  return recipe.getInt(key);
+}
+
+}  // namespace
+
+LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize) {
+  LayoutRequest q;
+  q.world = worldSize;
+  q.tp = recipe.getInt("parallel.tensor_model_parallel_size");
+  q.cp = recipe.getInt("parallel.context_parallel_size");
+  q.pp = recipe.getInt("parallel.pipeline_model_parallel_size");
+  q.vpp = recipe.getInt("parallel.virtual_pipeline_model_parallel_size");
+  q.ep = recipe.getInt("parallel.expert_model_parallel_size");
+  q.etp = recipe.getInt("parallel.expert_tensor_parallel_size");
+  q.sequence_parallel = recipe.getBool("parallel.sequence_parallel");
+  q.pipeline_schedule = recipe.getString("parallel.pipeline_schedule");
+  if (recipe.has("parallel.pipeline_layout")) q.pipeline_layout = recipe.getIntList("parallel.pipeline_layout");
+
+  q.num_layers = optionalInt(recipe, "model.num_layers");
+  q.hidden_size = optionalInt(recipe, "model.hidden_size");
+  q.num_attention_heads = optionalInt(recipe, "model.num_attention_heads");
+  q.ffn_hidden_size = optionalInt(recipe, "model.ffn_hidden_size");
+  q.seq_length = optionalInt(recipe, "model.seq_length");
+  q.num_experts = optionalInt(recipe, "model.num_experts");
+  q.moe_router_topk = optionalInt(recipe, "model.moe_router_topk");
+
+  q.global_batch_size = recipe.getInt("train.global_batch_size");
+  q.micro_batch_size = optionalInt(recipe, "train.micro_batch_size");
+
+  for (const auto& key : recipe.keysUnder("")) {
+    if (recipe.isExplicit(key)) q.written.insert(key);
+  }
+  // A copy: the request may outlive the recipe it was read from.
+  auto source = std::make_shared<const Recipe>(recipe);
+  q.where = [source](const std::string& key) {
+    if (source->isExplicit(key)) return source->location(key).str();
+    // A default has no place in any file; point at the section it belongs to.
+    return source->location(key.substr(0, key.find('.'))).str();
+  };
+  return q;
+}
+
+ParallelLayout layoutFromRecipe(const Recipe& recipe, int worldSize) {
+  LayoutSizes s;
+  s.world = worldSize;
+  s.tp = static_cast<int>(recipe.getInt("parallel.tensor_model_parallel_size"));
+  s.cp = static_cast<int>(recipe.getInt("parallel.context_parallel_size"));
+  s.pp = static_cast<int>(recipe.getInt("parallel.pipeline_model_parallel_size"));
+  s.vpp = static_cast<int>(recipe.getInt("parallel.virtual_pipeline_model_parallel_size"));
+  s.ep = static_cast<int>(recipe.getInt("parallel.expert_model_parallel_size"));
+  // Megatron: the expert tensor-parallel size defaults to the dense one.
+  s.etp = recipe.isExplicit("parallel.expert_tensor_parallel_size")
+              ? static_cast<int>(recipe.getInt("parallel.expert_tensor_parallel_size"))
+              : s.tp;
+  return ParallelLayout(s);
+}
+
+std::vector<std::string> checkLayout(const Recipe& recipe, int worldSize) {
+  return checkLayout(layoutRequestFromRecipe(recipe, worldSize));
+}
+
+std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize) {
+  return layoutWarnings(layoutRequestFromRecipe(recipe, worldSize));
+}
+
+LayoutPlan planLayout(const Recipe& recipe, int worldSize) {
+  return planLayout(layoutRequestFromRecipe(recipe, worldSize));
+}
+
+}  // namespace ptrain
