@@ -1,7 +1,7 @@
 #include "ptrain/comm/communicator.h"
 
 #include "ptrain/core/logging.h"
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace ptrain {
