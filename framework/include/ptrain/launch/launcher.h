@@ -1,6 +1,9 @@
 // Launching workers: the `ptrain run --nproc` side of a job.
 //
-// What a worker reads about its own rank is in comm/rank_env.h.
+// Not part of the plugin SDK: this header belongs to the ptrain_launch
+// library, which the ptrain command line links and libptrain_core.so does
+// not; a plugin cannot call it. What a worker reads about its own rank is
+// in the SDK: comm/rank_env.h.
 //
 // `ptrain run --nproc N` starts N copies of a worker command on this host with
 // torchrun-compatible variables (RANK, WORLD_SIZE, LOCAL_RANK,
