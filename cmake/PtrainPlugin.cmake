@@ -4,6 +4,11 @@
 # <build>/lib/ptrain/plugins/<kind>/ (or OUTPUT_DIR), linked to the core and
 # compiled with the shared precompiled header, so every plugin has the same
 # flags, visibility and build tag as the core that loads it.
+#
+# `cmake --install` puts it in <prefix>/${PTRAIN_PLUGIN_INSTALL_DIR}/<kind>
+# (default lib/ptrain/plugins: beside an installed libptrain_core.so, that is
+# the core's own plugin folder). Set PTRAIN_PLUGIN_INSTALL to OFF before the
+# call for a plugin that is not to be installed.
 function(ptrain_add_plugin kind name)
   cmake_parse_arguments(ARG "" "OUTPUT_DIR" "SOURCES;LIBRARIES" ${ARGN})
   set(target ptrain_${kind}_${name})
@@ -17,7 +22,16 @@ function(ptrain_add_plugin kind name)
   endif()
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
-    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR})
+    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}
+    # <prefix>/lib/ptrain/plugins/<kind> -> <prefix>/lib, where libptrain_core.so is.
+    INSTALL_RPATH "$ORIGIN/../../.."
+    INSTALL_RPATH_USE_LINK_PATH ON)
+  if(NOT DEFINED PTRAIN_PLUGIN_INSTALL OR PTRAIN_PLUGIN_INSTALL)
+    if(NOT PTRAIN_PLUGIN_INSTALL_DIR)
+      set(PTRAIN_PLUGIN_INSTALL_DIR lib/ptrain/plugins)
+    endif()
+    install(TARGETS ${target} LIBRARY DESTINATION ${PTRAIN_PLUGIN_INSTALL_DIR}/${kind})
+  endif()
   if(TARGET ptrain_plugins_all)
     add_dependencies(ptrain_plugins_all ${target})
   endif()

@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 
 extern char** environ;
 

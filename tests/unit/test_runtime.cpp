@@ -20,7 +20,7 @@
 #include "ptrain/engine/placement.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/engine/trainer.h"
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "ptrain/comm/backend.h"
 #include "ptrain/comm/bench.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/launch/launcher.h"
 #include "ptrain/plugin/registry.h"

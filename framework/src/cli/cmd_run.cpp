@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/nn/host_kernels.h"

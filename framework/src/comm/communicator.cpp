@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "ptrain/core/logging.h"
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {

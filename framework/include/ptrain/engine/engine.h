@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptrain/launch/launcher.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/recipe/recipe.h"
 

@@ -15,6 +15,10 @@
 //   AVX-512, Haswell for AVX2 with FMA, Sandybridge for AVX).
 //
 // A variable the user set is never replaced.
+//
+// Not part of the plugin SDK: this header belongs to the ptrain_launch
+// library (with launch/launcher.h), which the ptrain command line and the
+// bench link and libptrain_core.so does not.
 #pragma once
 
 #include <string>

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/core/error.h"
-#include "ptrain/launch/launcher.h"
 
 namespace ptrain {
 namespace {
