@@ -177,11 +177,17 @@ int64_t GptModel::blockCost(int) {
 
 namespace {
 
-// FNV-1a: a stable hash of a parameter's name for its seed.
-uint64_t nameHash(const std::string& name) {
+// The seed of one parameter's stream: a stable hash of its name (FNV-1a)
+// mixed with the model's base seed (SplitMix64's finaliser), so that names
+// that differ in one character still start far apart (the generator keeps
+// only 32 bits of its seed).
+uint64_t parameterSeed(uint64_t baseSeed, const std::string& name) {
   uint64_t hash = 1469598037103934211ULL;
   for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ULL;
-  return hash;
+  uint64_t z = baseSeed + hash * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
 }
 
 bool endsWith(const std::string& s, const std::string& suffix) {
@@ -203,7 +209,7 @@ void GptModel::initialise(uint64_t baseSeed) {
       p.fill_(1.0);
     } else {
       // Drawn on the host, so every device gets the same values.
-      at::Generator generator = at::detail::createCPUGenerator(baseSeed ^ nameHash(name));
+      at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
       const bool residual = endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.fc2.weight");
       at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
       values.normal_(0.0, residual ? residualStd(config_) : config_.init_std, generator);
