@@ -257,7 +257,9 @@ TEST(StepHooks, AVetoLeavesParametersAndOptimizerStateUntouched) {
   for (size_t i = 0; i < state.size(); ++i) EXPECT_TRUE(torch::equal(after[i].second, state[i].second)) << state[i].first;
   // Gradients of the skipped step are gone, not carried into the next.
   for (const auto& p : rt.runtime->model().module().parameters()) {
-    if (p.grad().defined()) EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+    if (p.grad().defined()) {
+      EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+    }
   }
 }
 
@@ -518,20 +520,24 @@ ParallelLayout layoutOf(int world, int tp, int pp) {
   return ParallelLayout(s);
 }
 
+// One training step of the llm trainer's global batch of 8 rows, as the
+// default loop takes it.
+StepResult llmStep(ModelRuntime& rt, llm::LlmTrainer& trainer, int step, int64_t microBatchSize) {
+  Batch batch = trainer.globalBatch(step, 8);
+  StepInput in;
+  in.step = step;
+  in.micro_batches = rt.microBatches(batch, microBatchSize);
+  in.loss_divisor = trainer.lossCount(batch);
+  return rt.step(in);
+}
+
 // The losses of three steps of the whole model on one rank.
 std::vector<double> singleRankLosses(llm::LlmTrainer& trainer, const Recipe& recipe) {
   auto comm = Communicator::loopback();
   ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
                   llmOptions(recipe, comm->layout(), true));
   std::vector<double> losses;
-  for (int step = 0; step < 3; ++step) {
-    Batch batch = trainer.globalBatch(step, 8);
-    StepInput in;
-    in.step = step;
-    in.micro_batches = rt.microBatches(batch, 4);
-    in.loss_divisor = trainer.lossCount(batch);
-    losses.push_back(rt.step(in).loss);
-  }
+  for (int step = 0; step < 3; ++step) losses.push_back(llmStep(rt, trainer, step, 4).loss);
   return losses;
 }
 
@@ -574,12 +580,8 @@ TEST_P(RuntimeLayouts, ThreeStepsMatchOneRank) {
     ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
                     llmOptions(recipe, comm->layout(), true));
     for (int step = 0; step < 3; ++step) {
-      Batch batch = trainer.globalBatch(step, 8);
-      StepInput in;
-      in.step = step;
-      in.micro_batches = rt.microBatches(batch, 8 / (c.world / (c.tp * c.pp)) / 2);
-      in.loss_divisor = trainer.lossCount(batch);
-      StepResult r = rt.step(in);
+      // Two micro-batches per data-parallel rank, as in the reference.
+      StepResult r = llmStep(rt, trainer, step, 8 / (c.world / (c.tp * c.pp)) / 2);
       EXPECT_TRUE(r.applied);
       EXPECT_LT(test::relDiff(r.loss, reference[static_cast<size_t>(step)]), step == 0 ? 1e-5 : 1e-4)
           << "step " << step;
@@ -630,12 +632,7 @@ TEST(ModelRuntimeRanks, PipelineStagesBuildOnlyTheirPartsFromTheSameWeights) {
     EXPECT_EQ(rt.model().placement.mirror("embed.tokens.weight"), rank == 1);
     EXPECT_EQ(held.count("head.ln_f.weight"), rank == 1 ? 1u : 0u);
     for (int step = 0; step < 3; ++step) {
-      Batch batch = trainer.globalBatch(step, 8);
-      StepInput in;
-      in.step = step;
-      in.micro_batches = rt.microBatches(batch, 4);
-      in.loss_divisor = trainer.lossCount(batch);
-      const double loss = rt.step(in).loss;
+      const double loss = llmStep(rt, trainer, step, 4).loss;
       EXPECT_LT(test::relDiff(loss, reference[static_cast<size_t>(step)]), 1e-5) << "step " << step;
     }
   });
