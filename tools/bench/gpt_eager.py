@@ -6,6 +6,10 @@ fused qkv projection, causal softmax attention, tanh-GELU MLP, final LayerNorm,
 head tied to the token embedding), same optimizer (AdamW, decay only on
 matrices, global-norm clipping at 1.0), same batch and sequence length. Prints
 one JSON line: median step time, tokens/s and peak RSS.
+
+`--device cuda` (tools/device/check.sh) builds the model on the GPU, in fp32 with
+TF32 matrix products off unless `--tf32`, synchronizes the device before and
+after each timed step, and adds the GPU's name and peak memory to the line.
 """
 import argparse
 import json
@@ -69,11 +73,23 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--tf32", action="store_true", help="cuda: TF32 tensor cores for fp32 matrix products")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.vocab, a.seq, a.hidden, a.heads, a.layers)
+    cuda = a.device != "cpu"
+    if cuda:
+        device = torch.device(a.device)
+        if device.index is None:
+            device = torch.device(device.type, 0)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        with device:  # parameters are created on the GPU, not copied there
+            model = GPT(a.vocab, a.seq, a.hidden, a.heads, a.layers)
+    else:
+        model = GPT(a.vocab, a.seq, a.hidden, a.heads, a.layers)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -82,6 +98,9 @@ def main():
     for step in range(a.warmup + a.steps):
         tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
         targets = torch.randint(0, a.vocab, (a.batch, a.seq))
+        if cuda:
+            tokens, targets = tokens.to(device), targets.to(device)
+            torch.cuda.synchronize()
         start = time.perf_counter()
         loss = model(tokens, targets)
         loss.backward()
@@ -89,16 +108,26 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=False)
         loss.item()
+        if cuda:
+            torch.cuda.synchronize()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
     step_time = statistics.median(times)
-    print(json.dumps({
+    result = {
         "step_time_s": step_time,
         "tokens_per_s": a.batch * a.seq / step_time,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "params": sum(q.numel() for q in model.parameters()),
         "threads": torch.get_num_threads(),
-    }))
+    }
+    if cuda:
+        result.update({
+            "device": torch.cuda.get_device_name(device),
+            "matmul": "tf32" if a.tf32 else "fp32",
+            "peak_gpu_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+            "torch": torch.__version__,
+        })
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
