@@ -1,17 +1,33 @@
 # ptrain: the two commands a newcomer needs are `make run` and `make test`.
-BUILD ?= build
+#
+# TORCH picks the libtorch (docs/building.md):
+#   debian  Debian's libtorch 1.13, CPU only (the default)   build folder build/
+#   pypi    PyTorch 2.x from PyPI, with CUDA, in .venv-torch/ build folder build-pypi/
+TORCH ?= debian
 JOBS  ?= 2
 CMAKE_ARGS ?=
+ifeq ($(TORCH),debian)
+  BUILD ?= build
+  DEPS_ARGS :=
+  TORCH_CMAKE_ARGS :=
+else ifeq ($(TORCH),pypi)
+  BUILD ?= build-pypi
+  DEPS_ARGS := --pypi
+  # Evaluated when configuring, after `deps` made the environment.
+  TORCH_CMAKE_ARGS = -DCMAKE_PREFIX_PATH="$$(tools/torch-cmake-prefix.sh)"
+else
+  $(error TORCH=$(TORCH): expected debian or pypi)
+endif
 
 .PHONY: all deps configure build test run bench clean
 
 all: build
 
 deps:
-	@tools/install-deps.sh
+	@tools/install-deps.sh $(DEPS_ARGS)
 
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(TORCH_CMAKE_ARGS) $(CMAKE_ARGS)
 
 configure: deps $(BUILD)/CMakeCache.txt
 

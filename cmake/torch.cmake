@@ -69,6 +69,8 @@ if(EXISTS "${PTRAIN_TORCH_PREFIX}/include/fmt")
   endforeach()
 endif()
 
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(PTRAIN_WITH_CUDA OFF)
 if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
   if(CMAKE_CUDA_COMPILER)
@@ -79,9 +81,26 @@ if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
   endif()
 endif()
 
+# PyPI's libtorch loads CUDA, cuDNN and NCCL from NVIDIA's wheels beside it
+# (its RUNPATH). The linker must check libtorch_cuda's symbols against those
+# too, not against an older NCCL of the toolkit that sits on the link path.
+if(PTRAIN_WITH_CUDA)
+  file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${PTRAIN_TORCH_PREFIX}/../nvidia/*/lib")
+  foreach(_dir IN LISTS _nvidia_lib_dirs)
+    get_filename_component(_dir "${_dir}" ABSOLUTE)
+    add_link_options("LINKER:-rpath-link,${_dir}")
+  endforeach()
+endif()
+
 set(PTRAIN_WITH_NCCL OFF)
 if(PTRAIN_WITH_CUDA AND EXISTS "${PTRAIN_TORCH_PREFIX}/include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp")
   set(PTRAIN_WITH_NCCL ON)
+endif()
+
+if(PTRAIN_WITH_CUDA)
+  add_compile_definitions(PTRAIN_WITH_CUDA=1)
+else()
+  add_compile_definitions(PTRAIN_WITH_CUDA=0)
 endif()
 
 message(STATUS "ptrain: libtorch ${PTRAIN_TORCH_VERSION} at ${PTRAIN_TORCH_PREFIX} "

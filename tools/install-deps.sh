@@ -2,7 +2,23 @@
 # Installs ptrain's build and test dependencies from Debian packages.
 # Idempotent: packages already present are left alone, and apt is not touched
 # at all when everything is installed.
+#
+#   tools/install-deps.sh          the Debian set (libtorch 1.13, CPU)
+#   tools/install-deps.sh --pypi   the Debian set, then PyTorch 2.x from PyPI (with CUDA)
+#                                  into .venv-torch/ in the tree (git ignores it), for
+#                                  `make TORCH=pypi`. PTRAIN_TORCH_SPEC overrides the
+#                                  pinned version (default below).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pypi=0
+for arg in "$@"; do
+  case "$arg" in
+    --pypi) pypi=1 ;;
+    *) echo "install-deps: unknown option '$arg' (expected --pypi)" >&2; exit 2 ;;
+  esac
+done
+torch_spec="${PTRAIN_TORCH_SPEC:-torch==2.15.0}"
 
 packages=(
   build-essential cmake make pkg-config
@@ -16,6 +32,7 @@ packages=(
   libgloo-dev             # headers for c10d ProcessGroupGloo (the library ships with libtorch)
   nlohmann-json3-dev
   python3-torch           # PyTorch eager on the same libtorch, for `make bench`
+  python3-venv            # the environment --pypi installs PyTorch 2.x into
 )
 
 missing=()
@@ -25,13 +42,28 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+[ "$pypi" -eq 1 ] || exit 0
+
+# PyTorch from PyPI, in an environment of Debian's Python (the one python3-venv
+# serves), so that it does not depend on which python3 is first on PATH.
+venv=.venv-torch
+want="${torch_spec#torch==}"
+if [ -x "$venv/bin/python" ] &&
+   have=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null) &&
+   { [ "$want" = "$torch_spec" ] || [ "$have" = "$want" ]; }; then
+  exit 0
+fi
+echo "install-deps: installing $torch_spec from PyPI into $venv/"
+start=$(date +%s)
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$torch_spec"
+echo "install-deps: $torch_spec installed in $(( $(date +%s) - start )) s, $(du -sh "$venv" | cut -f1) on disk"

@@ -70,7 +70,7 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
   EXPECT_EQ(r.getStringList("plugins.paths"), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(r.getIntList("parallel.pipeline_layout"), (std::vector<int64_t>{1, 1}));
   // Defaults from the schema.
-  EXPECT_EQ(r.getString("communication.backend"), "gloo");
+  EXPECT_EQ(r.getString("communication.backend"), "auto");
   EXPECT_DOUBLE_EQ(r.getFloat("communication.timeout_s"), 300.0);
   EXPECT_EQ(r.getString("precision.name"), "fp32");
   EXPECT_EQ(r.getString("optimizer.name"), "adamw");
@@ -276,17 +276,14 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
   EXPECT_EQ(problemsOf(std::string(kMinimal) + "offload:\n  params: true\n"),
             std::vector<std::string>{"r.yaml:6:11: offload.params: true is not implemented yet (no offload plugin "
                                      "exists); remove it or set false"});
-  EXPECT_EQ(problemsOf(kMinimal, {"precision.name=bf16", "fusion.masked_softmax=yes", "train.eval_batches=8",
-                                  "device=cuda"}),
+  EXPECT_EQ(problemsOf(kMinimal, {"precision.name=bf16", "fusion.masked_softmax=yes", "train.eval_batches=8"}),
             (std::vector<std::string>{
                 "<command line>: precision.name: bf16 is not implemented yet (bf16 and fp16 arrive with the "
                 "precision plugins); remove it or set fp32",
                 "<command line>: fusion.masked_softmax: yes is not implemented yet (no fused kernel exists); remove "
                 "it or set false",
                 "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "
-                "llm trainer's data.eval_size); remove it",
-                "<command line>: device: cuda is not implemented yet (cuda arrives with the GPU build); remove "
-                "it or set cpu"}));
+                "llm trainer's data.eval_size); remove it"}));
   // Through validate(): the first problem, as for any other mistake.
   Recipe r = Recipe::fromString(kMinimal, "r.yaml", {"offload.optimizer=on"});
   EXPECT_EQ(errorOf([&] { r.validate(coreSchema()); }),
@@ -297,7 +294,7 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
             std::vector<std::string>{
                 "<command line>: offload.params: expected true or false, got 'maybe'; write true or false"});
   EXPECT_EQ(problemsOf(kMinimal, {"device=tpu"}),
-            std::vector<std::string>{"<command line>: device: 'tpu' is not one of cpu, cuda; did you mean 'cpu'?"});
+            std::vector<std::string>{"<command line>: device: 'tpu' is not one of auto, cpu, cuda; did you mean 'cpu'?"});
 
   // The values that run today pass, however they are spelt.
   EXPECT_EQ(problemsOf(kMinimal, {"offload.params=false", "offload.optimizer=no", "precision.name=fp32",
@@ -309,7 +306,7 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
   plain.validate(coreSchema());
   EXPECT_EQ(plain.getInt("train.eval_batches"), 8);
   EXPECT_FALSE(plain.isExplicit("train.eval_batches"));
-  EXPECT_EQ(plain.getString("device"), "cpu");
+  EXPECT_EQ(plain.getString("device"), "auto");
   EXPECT_EQ(plain.toYaml().find("eval_batches"), std::string::npos) << plain.toYaml();
   Recipe again = Recipe::fromString(plain.toYaml(), "resolved.yaml");
   EXPECT_EQ(again.validateAll(coreSchema()), std::vector<std::string>{});

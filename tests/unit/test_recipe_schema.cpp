@@ -78,7 +78,7 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
       {"parallel.pipeline_layout", ValueType::kIntList, ""},
       {"parallel.grad_bucket_size_mb", ValueType::kFloat, "4"},
       {"parallel.overlap_grad_reduce", ValueType::kBool, "true"},
-      {"communication.backend", ValueType::kString, "gloo"},
+      {"communication.backend", ValueType::kString, "auto"},
       {"communication.timeout_s", ValueType::kFloat, "300"},
       {"precision.name", ValueType::kString, "fp32"},
       {"cpu.allocator", ValueType::kString, "caching"},
@@ -328,7 +328,6 @@ TEST(RecipeSchema, CoreReservedKeys) {
       {"offload.optimizer", {"false"}},      {"fusion.bias_gelu", {"false"}},
       {"fusion.bias_dropout_add", {"false"}}, {"fusion.masked_softmax", {"false"}},
       {"fusion.cross_entropy", {"false"}},   {"train.eval_batches", {}},
-      {"device", {"cpu"}},
   };
   for (const auto& [path, accepts] : reserved) {
     const KeySpec* k = s.find(path);
@@ -338,8 +337,8 @@ TEST(RecipeSchema, CoreReservedKeys) {
   }
   const KeySpec* device = s.find("device");
   EXPECT_EQ(device->type, ValueType::kString);
-  EXPECT_EQ(device->default_value, "cpu");
-  EXPECT_EQ(device->reserved, "cuda arrives with the GPU build");
+  EXPECT_EQ(device->default_value, "auto");
+  EXPECT_TRUE(device->reserved.empty());
   EXPECT_TRUE(s.find("train.steps")->reserved.empty());
   EXPECT_TRUE(s.find("parallel.context_parallel_size")->reserved.empty());
 }

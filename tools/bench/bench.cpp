@@ -3,8 +3,9 @@
 // For each GPT size it trains the same model, batch and optimizer twice:
 //   ptrain  `ptrain run tools/bench/<size>.yaml --nproc 1` (the real engine),
 //           median step_time_s of metrics.jsonl after the warm-up steps;
-//   eager   tools/bench/gpt_eager.py under /usr/bin/python3 (Debian's
-//           python3-torch, the same libtorch 1.13), median step time.
+//   eager   tools/bench/gpt_eager.py on the same libtorch: Debian's python3
+//           with python3-torch for libtorch 1.13, .venv-torch's python for
+//           PyTorch 2.x from PyPI (make TORCH=pypi bench); median step time.
 // Both use every core of the machine for intra-op threads. Achieved GFLOP/s
 // count 6 x params x tokens plus attention (12 x layers x hidden x seq per
 // token), and are compared with this machine's fp32 matmul peak measured here.
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
       for (const auto& e : ptrain::hostTuning(/*oneThreadPool=*/false).env) {
         if (e.rfind("OMP_WAIT_POLICY=", 0) == 0) py << e << " ";
       }
-      py << "/usr/bin/python3 " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
+      py << PTRAIN_BENCH_PYTHON << " -W ignore " << source / "tools/bench/gpt_eager.py" << " --layers " << s.layers << " --hidden "
          << s.hidden << " --heads " << s.heads << " --seq " << s.seq << " --batch " << s.batch << " --steps " << s.steps
          << " --warmup " << warmup << " --threads " << threads;
       auto result = nlohmann::json::parse(capture(py.str()));

@@ -9,6 +9,7 @@
 #include "ptrain/comm/bench.h"
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/device.h"
 #include "ptrain/launch/launcher.h"
 #include "ptrain/plugin/registry.h"
 
@@ -115,6 +116,10 @@ int runWorker(const BenchCommArgs& args, const CommBenchOptions& options) {
   ctx.logger = logger();
   ctx.rank = env.rank;
   ctx.world_size = env.world_size;
+  // NCCL moves GPU buffers: each worker takes the GPU of its local rank.
+  if (args.backend == "nccl") ctx.device = selectDevice("cuda", env.local_rank);
+  CommBenchOptions deviceOptions = options;
+  deviceOptions.device = ctx.device.str();
   auto plugin = registry.create(plugin_kind::kComm, args.backend, ctx, "--backend");
   auto* backend = static_cast<CommBackend*>(plugin.get());
 
@@ -133,7 +138,7 @@ int runWorker(const BenchCommArgs& args, const CommBenchOptions& options) {
     std::printf("# time: mean per operation on the slowest rank; #wrong: elements differing from the expected "
                 "result, summed over ranks\n");
   }
-  auto results = runCommBench(*world, options, [&](const CommBenchResult& r) {
+  auto results = runCommBench(*world, deviceOptions, [&](const CommBenchResult& r) {
     if (env.rank == 0) table.row(r);
   });
   int64_t wrong = 0;

@@ -40,12 +40,12 @@ struct Case {
   std::function<int64_t()> wrong;   // elements differing from the closed form
 };
 
-Case makeCase(ProcessGroup& g, const std::string& op, int64_t count, at::ScalarType dtype) {
+Case makeCase(ProcessGroup& g, const std::string& op, int64_t count, at::ScalarType dtype, const std::string& device) {
   const int n = g.size();
   const int r = g.rank();
-  const auto opts = at::TensorOptions().dtype(dtype);
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::Device(device));
   auto differing = [](const at::Tensor& got, const at::Tensor& expected) {
-    return got.reshape({-1}).ne(expected.reshape({-1})).sum().item<int64_t>();
+    return got.reshape({-1}).cpu().ne(expected.reshape({-1})).sum().item<int64_t>();
   };
   Case c;
   if (op == "allreduce") {
@@ -190,7 +190,7 @@ std::vector<CommBenchResult> runCommBench(ProcessGroup& group, const CommBenchOp
     }
     for (int64_t requested : sizes) {
       const int64_t count = op == "barrier" ? 0 : countFor(op, requested, elementSize, n);
-      Case c = makeCase(group, op, count, dtype);
+      Case c = makeCase(group, op, count, dtype, options.device);
       for (int k = 0; k < options.warmup; ++k) c.run();
       group.barrier()->wait();
       const auto start = Clock::now();

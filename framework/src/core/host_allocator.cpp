@@ -3,6 +3,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include "ptrain/core/torch_compat.h"
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -95,10 +97,13 @@ void deleteBlock(void* data) { cache().release(data); }
 
 class CachingHostAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) PTRAIN_ALLOCATE_CONST override {
     void* data = cache().allocate(bytes);
     return {data, data, &deleteBlock, c10::Device(c10::DeviceType::CPU)};
   }
+#if PTRAIN_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#endif
   c10::DeleterFnPtr raw_deleter() const override { return &deleteBlock; }
 };
 

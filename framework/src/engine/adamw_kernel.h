@@ -22,4 +22,10 @@ struct AdamwStep {
 // Splits the range over the intra-op threads.
 void adamwUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& s);
 
+#if PTRAIN_WITH_CUDA
+// The same update on a CUDA device (adamw_kernel.cu): p, g, m and v in device
+// memory, queued on `stream` (a cudaStream_t; the caller's current stream).
+void adamwUpdateCuda(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& s, void* stream);
+#endif
+
 }  // namespace ptrain::detail

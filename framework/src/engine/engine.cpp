@@ -14,6 +14,7 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
+#include "ptrain/engine/device.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
@@ -37,7 +38,7 @@ struct TrainingSession::Metrics {
 TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, EngineOptions options)
     : prepared_(prepared), env_(env), options_(std::move(options)) {
   const Recipe& recipe = prepared_.recipe;
-  device_ = at::Device(recipe.getString("device"));
+  device_ = selectDevice(recipe.getString("device"), env.local_rank);
   PluginContext ctx;
   ctx.logger = logger();
   ctx.recipe = &recipe;
@@ -46,6 +47,7 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   ctx.device = device_;
   CommunicatorOptions commOptions;
   commOptions.backend = recipe.getString("communication.backend");
+  if (commOptions.backend == "auto") commOptions.backend = defaultCommBackend(device_);
   commOptions.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));
   comm_ = std::make_unique<Communicator>(env, layoutFromRecipe(recipe, env.world_size), *prepared_.registry, ctx,

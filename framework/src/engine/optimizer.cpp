@@ -7,6 +7,7 @@
 
 #include "ptrain/recipe/recipe.h"
 #include "adamw_kernel.h"
+#include "ptrain/engine/device.h"
 
 namespace ptrain {
 
@@ -143,13 +144,28 @@ void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t ste
 
 namespace {
 
-// The fused kernel takes float32 tensors in host memory laid out densely
-// alike; anything else (other dtypes, devices) goes through foreach kernels.
+// The fused kernels take float32 tensors laid out densely alike on one
+// device: the host, or (in builds with CUDA) one GPU. Anything else (other
+// dtypes, mixed devices) goes through foreach kernels.
 bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
+  const bool onHost = p.is_cpu();
+  if (!onHost && !(PTRAIN_WITH_CUDA && p.is_cuda())) return false;
   for (const at::Tensor* t : {&p, &g, &m, &v}) {
-    if (!t->is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+    if (t->device() != p.device() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
   }
   return g.sizes().equals(p.sizes()) && m.sizes().equals(p.sizes()) && v.sizes().equals(p.sizes());
+}
+
+void fusedAdamw(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const detail::AdamwStep& s) {
+#if PTRAIN_WITH_CUDA
+  if (p.is_cuda()) {
+    detail::adamwUpdateCuda(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                            p.numel(), s, detail::currentCudaStream(p.device()));
+    return;
+  }
+#endif
+  detail::adamwUpdate(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
+                      s);
 }
 
 class AdamW final : public Optimizer {
@@ -182,8 +198,7 @@ class AdamW final : public Optimizer {
         s.eps = static_cast<float>(eps_);
         s.step_size = static_cast<float>(item.lr / bc1);
         at::Tensor target = item.target;
-        detail::adamwUpdate(target.data_ptr<float>(), item.grad.data_ptr<float>(), m.data_ptr<float>(),
-                            v.data_ptr<float>(), target.numel(), s);
+        fusedAdamw(target, item.grad, m, v, s);
         continue;
       }
       rest[{item.lr, item.weight_decay}].push_back(&item);

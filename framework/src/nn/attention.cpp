@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "host_blas.h"
+#include "ptrain/core/torch_compat.h"
 #include "ptrain/nn/host_kernels.h"
 
 namespace ptrain::nn {
@@ -161,6 +162,24 @@ at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale
       .reshape({batch, length, heads * headDim});
 }
 
+bool deviceAttentionApplies(const at::Tensor& qkv) {
+  return PTRAIN_TORCH_AT_LEAST(2, 1) && qkv.defined() && qkv.is_cuda() && qkv.dim() == 3;
+}
+
+at::Tensor fusedDeviceAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask) {
+#if PTRAIN_TORCH_AT_LEAST(2, 1)
+  const int64_t batch = qkv.size(0), length = qkv.size(1), heads = qkv.size(2) / (3 * headDim);
+  auto parts = qkv.view({batch, length, heads, 3, headDim}).permute({3, 0, 2, 1, 4}).unbind(0);  // [B, heads, T, d]
+  // The mask in the activations' dtype, broadcast over batch and heads.
+  at::Tensor mask = additiveMask.to(qkv.scalar_type());
+  at::Tensor out = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], mask, /*dropout_p=*/0.0,
+                                                    /*is_causal=*/false, scale);
+  return out.permute({0, 2, 1, 3}).reshape({batch, length, heads * headDim});
+#else
+  throw Error(::ptrain::detail::concat("attention: libtorch ", TORCH_VERSION, " has no fused device attention kernel"));
+#endif
+}
+
 at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask) {
   PTRAIN_CHECK(qkv.dim() == 3 && headDim > 0 && qkv.size(2) % (3 * headDim) == 0,
                "attention: qkv of shape ", qkv.sizes(), " is not [batch, length, heads * 3 * ", headDim, "]");
@@ -170,6 +189,9 @@ at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double sca
   if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat &&
       !additiveMask.requires_grad()) {
     return HostAttentionFn::apply(qkv, headDim, scale, additiveMask);
+  }
+  if (deviceAttentionApplies(qkv) && additiveMask.device() == qkv.device() && !additiveMask.requires_grad()) {
+    return fusedDeviceAttention(qkv, headDim, scale, additiveMask);
   }
   return batchedAttention(qkv, headDim, scale, additiveMask);
 }

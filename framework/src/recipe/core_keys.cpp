@@ -22,8 +22,10 @@ void describeCoreKeys(Schema& s) {
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
 
-  s.add(reserved(oneOf(key("device", T::kString, "cpu", "Device the workers compute on."), {"cpu", "cuda"}),
-                 "cuda arrives with the GPU build", {"cpu"}));
+  s.add(oneOf(key("device", T::kString, "auto",
+                  "Device the workers compute on: `cuda` (each worker takes the GPU of its local rank), `cpu`, or "
+                  "`auto` (cuda when a GPU is visible)."),
+              {"auto", "cpu", "cuda"}));
 
   s.add(atLeast(key("launch.nproc", T::kInt, "1", "Worker processes on this host when `--nproc` is not given."), 1));
 
@@ -77,7 +79,7 @@ void describeCoreKeys(Schema& s) {
   s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buckets reduced together by data parallelism."), 0));
   s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce gradient buckets while the backward pass goes on."));
 
-  s.add(key("communication.backend", T::kString, "gloo", "Comm plugin for collectives: `gloo` on CPU, `nccl` on GPU."));
+  s.add(key("communication.backend", T::kString, "auto", "Comm plugin for collectives: `auto` picks `nccl` on cuda and `gloo` on cpu; or a plugin's name."));
   s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));
 
   s.add(reserved(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."),

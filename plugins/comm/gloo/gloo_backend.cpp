@@ -4,24 +4,25 @@
 // One Gloo TCP device per process, shared by every group: each group is one
 // c10d::ProcessGroupGloo (its own connections and worker threads) that
 // rendezvous through the core's store under "gloo/<group name>/<generation>".
+// What every c10d-based plugin shares (Work handles, errors, group creation)
+// is in plugins/comm/c10d.
 //
 // Device selection: PTRAIN_GLOO_IFNAME (or torch's GLOO_SOCKET_IFNAME) names
 // an interface; otherwise a loopback or unset MASTER_ADDR binds 127.0.0.1 (a
 // single host, no name resolution to go wrong), and anything else binds the
 // address this host's name resolves to (c10d's default device).
-#include <algorithm>
 #include <cstdlib>
 #include <mutex>
-#include <unordered_map>
 
-#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "gloo_process_group.h"
-#include "ptrain/comm/backend.h"
+#include "c10d_group.h"
 #include "store_adapter.h"
 
 namespace ptrain::gloo_backend {
 namespace {
+
+using namespace c10d_group;
 
 bool isLoopback(const std::string& addr) {
   return addr.empty() || addr == "localhost" || addr == "ip6-localhost" || addr == "::1" ||
@@ -33,85 +34,43 @@ std::string envOr(const char* name, const std::string& fallback = "") {
   return v != nullptr ? std::string(v) : fallback;
 }
 
-// "tp0[0,1]"; long rank lists keep their ends: "world[0,1,2,...,63]".
-std::string labelOf(const std::string& name, const std::vector<int>& ranks) {
-  if (name.find('[') != std::string::npos) return name;
-  std::ostringstream os;
-  os << name << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks.size() > 8 && i == 3) {
-      os << "...," << ranks.back();
-      break;
-    }
-    if (i) os << ",";
-    os << ranks[i];
+bool glooReduces(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
   }
-  os << "]";
-  return os.str();
 }
 
-class GlooBackend final : public CommBackend {
+constexpr BackendTraits kGloo{
+    "gloo",
+    at::kCPU,
+    "use communication.backend=nccl for device tensors, or move the tensor to the CPU",
+    &glooReduces,
+    "Float, Double, Half, Char, Byte, Int and Long",
+    /*native_avg=*/false,
+    /*native_reduce_scatter=*/false,
+    /*skip_empty=*/true,
+    /*bounded_wait=*/false,
+};
+
+class GlooBackend final : public C10dCommBackend {
  public:
-  explicit GlooBackend(const PluginContext& ctx) : logger_(ctx.logger) {}
+  explicit GlooBackend(const PluginContext& ctx) : C10dCommBackend(kGloo, ctx.logger) {}
 
-  std::string backendName() const override { return "gloo"; }
-
-  std::shared_ptr<ProcessGroup> createGroup(std::shared_ptr<Store> store, const GroupOptions& opts) override {
-    PTRAIN_CHECK(store != nullptr, "gloo createGroup(", opts.name, "): store is null");
-    PTRAIN_CHECK_AS(ConfigError, !opts.name.empty(), "gloo: a process group needs a name (used as store prefix)");
-    PTRAIN_CHECK_AS(ConfigError, !opts.ranks.empty(), "gloo: group ", opts.name, " has no ranks");
-    PTRAIN_CHECK_AS(ConfigError, opts.timeout.count() > 0, "gloo: group ", opts.name,
-                    " needs a positive timeout (communication.timeout_s)");
-    for (size_t i = 1; i < opts.ranks.size(); ++i) {
-      PTRAIN_CHECK_AS(ConfigError, opts.ranks[i - 1] < opts.ranks[i], "gloo: the ranks of group ",
-                      labelOf(opts.name, opts.ranks), " must be sorted and distinct");
-    }
-    auto it = std::find(opts.ranks.begin(), opts.ranks.end(), opts.global_rank);
-    PTRAIN_CHECK_AS(ConfigError, it != opts.ranks.end(), "gloo: rank ", opts.global_rank, " is not a member of group ",
-                    labelOf(opts.name, opts.ranks), "; only members create a group");
-
-    auto state = std::make_shared<GroupState>();
-    state->name = opts.name;
-    state->label = labelOf(opts.name, opts.ranks);
-    state->global_ranks = opts.ranks;
-    state->rank = static_cast<int>(it - opts.ranks.begin());
-    state->size = static_cast<int>(opts.ranks.size());
-    state->timeout = opts.timeout;
-
-    // A name may be reused (a group torn down and made again); members create
-    // groups in the same order, so counting per name keeps their keys apart
-    // from the stale ones of the earlier group.
-    int generation = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      generation = generations_[opts.name]++;
-    }
-    auto scoped = prefixStore(store, detail::concat("gloo/", opts.name, "/", generation));
-    auto adapter = c10::make_intrusive<StoreAdapter>(scoped, opts.timeout);
-    auto options = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+ protected:
+  c10::intrusive_ptr<compat::C10dBackend> makeBackend(const c10::intrusive_ptr<StoreAdapter>& store,
+                                                      GroupState& state) override {
+    auto options = c10d::ProcessGroupGloo::Options::create(state.timeout);
     options->devices.push_back(device());
-
-    const std::string where =
-        detail::concat("creating group ", state->label, " (rank ", state->rank, " of ", state->size, ")");
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-    try {
-      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(adapter, state->rank, state->size, options);
-    } catch (const TimeoutError&) {
-      throw TimeoutError(detail::concat(where, " timed out after ", formatSeconds(opts.timeout),
-                                        " (communication.timeout_s)", missingMembers(*scoped, *state)));
-    } catch (const Error& e) {
-      throw CommError(detail::concat(where, " failed: ", e.what()));
-    } catch (const std::exception& e) {
-      std::string why = reasonOf(e);
-      if (why.find("imeout") != std::string::npos || why.find("imed out") != std::string::npos) {
-        throw TimeoutError(detail::concat(where, " timed out after ", formatSeconds(opts.timeout),
-                                          " (communication.timeout_s)", missingMembers(*scoped, *state), " (", why,
-                                          ")"));
-      }
-      throw CommError(detail::concat(where, " failed: ", why));
-    }
-    if (logger_) logger_->debug("gloo: joined group {} as rank {} of {}", state->label, state->rank, state->size);
-    return std::make_shared<GlooProcessGroup>(std::move(state), std::move(pg));
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, state.rank, state.size, options);
   }
 
  private:
@@ -145,7 +104,7 @@ class GlooBackend final : public CommBackend {
 
   // Gloo's rendezvous publishes one key per rank ("<device>/<rank>"); the
   // ones absent after a timeout are the members that never arrived.
-  static std::string missingMembers(Store& scoped, const GroupState& state) {
+  std::string missingMembers(Store& scoped, const GroupState& state) override {
     std::vector<std::string> missing;
     try {
       for (int r = 0; r < state.size; ++r) {
@@ -162,10 +121,8 @@ class GlooBackend final : public CommBackend {
     return out;
   }
 
-  std::shared_ptr<spdlog::logger> logger_;
   std::mutex mutex_;
   std::shared_ptr<::gloo::transport::Device> device_;
-  std::unordered_map<std::string, int> generations_;
 };
 
 }  // namespace

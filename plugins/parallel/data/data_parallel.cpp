@@ -16,6 +16,7 @@
 //
 // The engine scales each micro-batch loss by 1 / (items in the global batch),
 // so the sum over data-parallel ranks is exactly the single-rank gradient.
+#include <utility>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
@@ -179,7 +180,9 @@ class DataParallel final : public ParallelPlugin {
   bool overlap_ = true;
   bool armed_ = false;
   std::vector<ReduceSet> sets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // A shared_ptr in libtorch 1.13, an intrusive_ptr in later releases.
+  using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<AccumulatorPtr> accumulators_;
   int64_t bytesThisStep_ = 0;
   double waitSeconds_ = 0;
 };

@@ -31,6 +31,7 @@ struct CommBenchOptions {
   int iters = 20;   // timed operations per size, >= 1
   int warmup = 5;   // untimed operations per size, >= 0
   std::string dtype = "float32";  // float32, float64, int32 or int64
+  std::string device = "cpu";     // where the buffers live: "cpu", or "cuda:<index>" for NCCL
 };
 
 // One row of the table: one collective at one message size.

@@ -8,7 +8,7 @@
 // [T, T] (e.g. 0 on and below the diagonal, -inf above: causal) and is added
 // to every head's scores.
 //
-// Two implementations, the same numbers (to float rounding):
+// Three implementations, the same numbers (to float rounding):
 //  - batchedAttention: libtorch ops (reshape, baddbmm, softmax, bmm), for any
 //    device and dtype; also the reference the tests check the other against.
 //  - the host kernel (float32 tensors in host memory, when the host kernels
@@ -17,6 +17,9 @@
 //    gradient as libtorch ops over all heads at once. It copies no q, k or v
 //    out of the fused tensor, and uses every core for the per-head products,
 //    which libtorch's CPU bmm (without MKL) runs one head at a time on one.
+//  - on a CUDA device (libtorch 2.x): libtorch's fused attention kernel
+//    (scaled_dot_product_attention, which picks the flash or memory-efficient
+//    kernel for the dtype and card), never materialising the [T, T] scores.
 #pragma once
 
 #include <functional>
@@ -38,7 +41,14 @@ PTRAIN_API at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, d
                                        const at::Tensor& additiveMask,
                                        const std::function<at::Tensor(const at::Tensor&)>& dropProbs = {});
 
+// The fused device kernel; throws where libtorch has none (1.13).
+PTRAIN_API at::Tensor fusedDeviceAttention(const at::Tensor& qkv, int64_t headDim, double scale,
+                                           const at::Tensor& additiveMask);
+
 // True when multiHeadAttention would take the host kernel for `qkv`.
 PTRAIN_API bool hostAttentionApplies(const at::Tensor& qkv);
+
+// True when multiHeadAttention would take the fused device kernel for `qkv`.
+PTRAIN_API bool deviceAttentionApplies(const at::Tensor& qkv);
 
 }  // namespace ptrain::nn

@@ -1,8 +1,15 @@
-#include "gloo_process_group.h"
+#include "c10d_group.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <thread>
 
 #include <c10/util/Exception.h>
 
-namespace ptrain::gloo_backend {
+#include "store_adapter.h"
+
+namespace ptrain::c10d_group {
 namespace {
 
 bool contains(const std::string& text, const char* needle) { return text.find(needle) != std::string::npos; }
@@ -36,26 +43,11 @@ std::string reasonOf(const std::exception& e) {
 
 namespace {
 
-bool glooHandles(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kChar:
-    case at::kByte:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
-
-c10d::ReduceOp toC10d(ReduceOp op) {
+c10d::ReduceOp toC10d(ReduceOp op, const BackendTraits& traits) {
   switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:  // Gloo has no average: sum, then divide locally
-      return c10d::ReduceOp::SUM;
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg:  // without a native average: sum, then divide locally
+      return traits.native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
     case ReduceOp::kMax: return c10d::ReduceOp::MAX;
     case ReduceOp::kMin: return c10d::ReduceOp::MIN;
     case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
@@ -95,8 +87,8 @@ void GroupState::rethrow(const char* op, Timeout waited) const {
     }
     if (contains(why, "Application timeout caused pair closure")) {
       broken = true;
-      throw TimeoutError(detail::concat(where(op), " failed: an earlier operation on this group timed out and Gloo ",
-                                        "closed the group's connections; the group cannot be used again"));
+      throw TimeoutError(detail::concat(where(op), " failed: an earlier operation on this group timed out and ",
+                                        traits->name, " closed the group's connections; the group cannot be used again"));
     }
     if (contains(why, "Timed out") || contains(why, "timed out") || contains(why, "Timeout")) {
       broken = true;
@@ -114,16 +106,17 @@ void GroupState::rethrow(const char* op, Timeout waited) const {
   }
 }
 
-// ---------------------------------------------------------------- GlooWork
+// ---------------------------------------------------------------- C10dWork
 
-GlooWork::GlooWork(std::shared_ptr<GroupState> group, const char* op, c10::intrusive_ptr<c10d::Work> work,
+C10dWork::C10dWork(std::shared_ptr<GroupState> group, const char* op, c10::intrusive_ptr<c10d::Work> work,
                    Timeout timeout, std::function<void()> finish)
     : group_(std::move(group)), op_(op), work_(std::move(work)), timeout_(timeout), finish_(std::move(finish)) {}
 
-GlooWork::~GlooWork() = default;
+C10dWork::~C10dWork() = default;
 
-void GlooWork::wait(Timeout timeout) {
+void C10dWork::wait(Timeout timeout) {
   const Timeout limit = timeout.count() > 0 ? timeout : (timeout_.count() > 0 ? timeout_ : group_->timeout);
+  if (work_ && group_->traits->bounded_wait) waitBounded(limit);
   if (work_) {
     // c10d's Work is thread-safe and remembers its outcome, so waiting again
     // after a failure rethrows the same error.
@@ -137,7 +130,36 @@ void GlooWork::wait(Timeout timeout) {
   finishLocked();
 }
 
-bool GlooWork::isCompleted() {
+void C10dWork::waitBounded(Timeout limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto pause = std::chrono::microseconds(20);
+  while (true) {
+    try {
+      if (work_->isCompleted()) return;
+    } catch (...) {
+      group_->rethrow(op_, limit);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+  // The communicator is aborted so that the stuck kernel ends and the group
+  // cannot be used half-way; the caller gets the reason, not a hang.
+  group_->broken = true;
+  if (group_->abort) {
+    try {
+      group_->abort();
+    } catch (...) {
+      // Aborting a broken communicator may itself fail; the timeout is the news.
+    }
+  }
+  throw TimeoutError(detail::concat(group_->where(op_), " timed out after ", formatSeconds(limit),
+                                    limit == group_->timeout ? " (communication.timeout_s)" : " (the operation's timeout)",
+                                    ": a peer is missing or stuck; the ", group_->traits->name,
+                                    " communicator was aborted"));
+}
+
+bool C10dWork::isCompleted() {
   // c10d's point-to-point handles complete only inside wait() (Gloo has no
   // non-blocking test for them), so send/recv report false until waited on.
   if (work_ && !work_->isCompleted()) return false;
@@ -152,7 +174,7 @@ bool GlooWork::isCompleted() {
   return true;
 }
 
-void GlooWork::finishLocked() {
+void C10dWork::finishLocked() {
   if (done_) {
     if (error_) std::rethrow_exception(error_);
     return;
@@ -173,21 +195,22 @@ void GlooWork::finishLocked() {
   }
 }
 
-// -------------------------------------------------------- GlooProcessGroup
+// -------------------------------------------------------- C10dProcessGroup
 
 namespace {
 
 void checkTensor(const GroupState& g, const char* op, const at::Tensor& t, const char* what, bool anyDtype = false) {
+  const BackendTraits& b = *g.traits;
   PTRAIN_CHECK_AS(CommError, t.defined(), g.where(op), ": ", what, " is an undefined tensor");
-  PTRAIN_CHECK_AS(ConfigError, t.device().is_cpu(), g.where(op), ": ", what, " is on ", t.device(),
-                  ", but the gloo backend moves CPU tensors only: use communication.backend=nccl for device "
-                  "tensors, or move the tensor to the CPU");
+  PTRAIN_CHECK_AS(ConfigError, t.device().type() == b.device_type, g.where(op), ": ", what, " is on ", t.device(),
+                  ", but the ", b.name, " backend moves ", c10::DeviceTypeName(b.device_type), " tensors only: ",
+                  b.device_hint);
   PTRAIN_CHECK_AS(CommError, t.layout() == at::kStrided, g.where(op), ": ", what, " has layout ", t.layout(),
-                  "; the gloo backend moves dense tensors only (use .to_dense())");
+                  "; the ", b.name, " backend moves dense tensors only (use .to_dense())");
   PTRAIN_CHECK_AS(CommError, t.is_contiguous(), g.where(op), ": ", what, " is not contiguous (sizes ", t.sizes(),
                   ", strides ", t.strides(), "); pass a .contiguous() tensor and copy the result back");
-  PTRAIN_CHECK_AS(ConfigError, anyDtype || glooHandles(t.scalar_type()), g.where(op), ": ", what, " has dtype ",
-                  t.scalar_type(), "; the gloo backend reduces Float, Double, Half, Char, Byte, Int and Long only: ",
+  PTRAIN_CHECK_AS(ConfigError, anyDtype || b.reduces(t.scalar_type()), g.where(op), ": ", what, " has dtype ",
+                  t.scalar_type(), "; the ", b.name, " backend reduces ", b.reducible_dtypes, " only: ",
                   "cast it (e.g. to float32) before communicating");
 }
 
@@ -226,24 +249,24 @@ std::vector<int64_t> resolveSplits(const GroupState& g, const char* op, const st
 
 }  // namespace
 
-GlooProcessGroup::GlooProcessGroup(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg)
+C10dProcessGroup::C10dProcessGroup(std::shared_ptr<GroupState> state, c10::intrusive_ptr<compat::C10dBackend> pg)
     : state_(std::move(state)), pg_(std::move(pg)) {}
 
 // c10d's destructor drains the queued work first; every queued operation is
-// bounded by the group's timeout, so this cannot hang forever.
-GlooProcessGroup::~GlooProcessGroup() = default;
+// bounded by the group's timeout (or, NCCL, aborted), so this cannot hang forever.
+C10dProcessGroup::~C10dProcessGroup() = default;
 
-bool GlooProcessGroup::supports(Capability capability) const {
+bool C10dProcessGroup::supports(Capability capability) const {
   return capability == Capability::kAllToAllUneven || capability == Capability::kSendRecv;
 }
 
-void GlooProcessGroup::checkUsable(const char* op) const {
+void C10dProcessGroup::checkUsable(const char* op) const {
   PTRAIN_CHECK_AS(CommError, !state_->broken, state_->where(op),
-                  ": the group is unusable after an earlier timeout or a lost peer (Gloo closes the group's "
-                  "connections then); see the first error");
+                  ": the group is unusable after an earlier timeout or a lost peer (", state_->traits->name,
+                  " closes the group's connections then); see the first error");
 }
 
-std::shared_ptr<Work> GlooProcessGroup::issue(const char* op, Timeout timeout,
+std::shared_ptr<Work> C10dProcessGroup::issue(const char* op, Timeout timeout,
                                               const std::function<c10::intrusive_ptr<c10d::Work>()>& call,
                                               std::function<void()> finish) {
   checkUsable(op);
@@ -253,30 +276,31 @@ std::shared_ptr<Work> GlooProcessGroup::issue(const char* op, Timeout timeout,
   } catch (...) {
     state_->rethrow(op, timeout.count() > 0 ? timeout : state_->timeout);
   }
-  return std::make_shared<GlooWork>(state_, op, std::move(work), timeout, std::move(finish));
+  return std::make_shared<C10dWork>(state_, op, std::move(work), timeout, std::move(finish));
 }
 
 // Gloo 1.13 hangs on some zero-element collectives (allgather); with nothing
-// to move, every member completes at once instead. All members see the same
-// element count, so they all skip together and stay in step.
-std::shared_ptr<Work> GlooProcessGroup::done(const char* op) {
+// to move, every member completes at once instead (BackendTraits::skip_empty).
+// All members see the same element count, so they all skip together and stay
+// in step.
+std::shared_ptr<Work> C10dProcessGroup::done(const char* op) {
   checkUsable(op);
-  return std::make_shared<GlooWork>(state_, op, c10::intrusive_ptr<c10d::Work>(), Timeout{0}, nullptr);
+  return std::make_shared<C10dWork>(state_, op, c10::intrusive_ptr<c10d::Work>(), Timeout{0}, nullptr);
 }
 
-std::shared_ptr<Work> GlooProcessGroup::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+std::shared_ptr<Work> C10dProcessGroup::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
   const char* op = "allreduce";
   checkTensor(*state_, op, tensor, "tensor");
-  if (tensor.numel() == 0) return done(op);
+  if (tensor.numel() == 0 && state_->traits->skip_empty) return done(op);
   std::function<void()> finish;
-  if (opts.op == ReduceOp::kAvg) {
+  if (opts.op == ReduceOp::kAvg && !state_->traits->native_avg) {
     finish = [t = tensor, n = state_->size]() mutable { divideInPlace(t, n); };
   }
   return issue(
       op, opts.timeout,
       [&] {
         c10d::AllreduceOptions o;
-        o.reduceOp = toC10d(opts.op);
+        o.reduceOp = toC10d(opts.op, *state_->traits);
         o.timeout = c10dTimeout(opts.timeout);
         std::vector<at::Tensor> tensors{tensor};
         return pg_->allreduce(tensors, o);
@@ -284,7 +308,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(at::Tensor& tensor, const Allr
       std::move(finish));
 }
 
-std::shared_ptr<Work> GlooProcessGroup::allgather(at::Tensor& output, const at::Tensor& input, Timeout timeout) {
+std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::Tensor& input, Timeout timeout) {
   const char* op = "allgather";
   checkTensor(*state_, op, input, "input");
   checkTensor(*state_, op, output, "output");
@@ -292,7 +316,7 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(at::Tensor& output, const at::
   const int64_t n = input.numel();
   PTRAIN_CHECK_AS(CommError, output.numel() == n * state_->size, state_->where(op), ": output has ", output.numel(),
                   " elements, expected group size x input elements = ", state_->size, " x ", n);
-  if (n == 0) return done(op);
+  if (n == 0 && state_->traits->skip_empty) return done(op);
   return issue(op, timeout, [&] {
     // Gloo gathers into one buffer per rank; views of the output's dim-0
     // blocks receive them without an extra allocation on our side.
@@ -307,11 +331,11 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(at::Tensor& output, const at::
 }
 
 // c10d's ProcessGroupGloo in libtorch 1.13 has no reduce_scatter ("does not
-// support reduce_scatter"). An all-to-all followed by a local reduction
+// support reduce_scatter"); NCCL has its own (BackendTraits::native_reduce_scatter). An all-to-all followed by a local reduction
 // moves the same bytes as a ring reduce-scatter: each rank sends (n-1)/n of
 // its input and receives (n-1)/n of one input's worth; it then reduces the n
 // blocks it holds, in rank order, so the result is deterministic.
-std::shared_ptr<Work> GlooProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input,
+std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input,
                                                       const ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter";
   checkTensor(*state_, op, input, "input");
@@ -321,7 +345,17 @@ std::shared_ptr<Work> GlooProcessGroup::reduceScatter(at::Tensor& output, const 
   const int size = state_->size;
   PTRAIN_CHECK_AS(CommError, input.numel() == n * size, state_->where(op), ": input has ", input.numel(),
                   " elements, expected group size x output elements = ", size, " x ", n);
-  if (n == 0) return done(op);
+  if (n == 0 && state_->traits->skip_empty) return done(op);
+  if (state_->traits->native_reduce_scatter) {
+    return issue(op, opts.timeout, [&] {
+      at::Tensor out = output.view({-1});
+      at::Tensor in = input.view({-1});
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = toC10d(opts.op, *state_->traits);
+      o.timeout = c10dTimeout(opts.timeout);
+      return pg_->_reduce_scatter_base(out, in, o);
+    });
+  }
   at::Tensor received = at::empty({input.numel()}, input.options());
   auto finish = [received, out = output, size, reduce = opts.op]() mutable {
     at::Tensor blocks = received.view({size, -1});
@@ -351,12 +385,12 @@ std::shared_ptr<Work> GlooProcessGroup::reduceScatter(at::Tensor& output, const 
       std::move(finish));
 }
 
-std::shared_ptr<Work> GlooProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+std::shared_ptr<Work> C10dProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   const char* op = "broadcast";
   checkTensor(*state_, op, tensor, "tensor");
   PTRAIN_CHECK_AS(CommError, opts.root >= 0 && opts.root < state_->size, state_->where(op), ": root ", opts.root,
                   " is not a rank of this group (ranks 0..", state_->size - 1, ")");
-  if (tensor.numel() == 0) return done(op);
+  if (tensor.numel() == 0 && state_->traits->skip_empty) return done(op);
   return issue(op, opts.timeout, [&] {
     c10d::BroadcastOptions o;
     o.rootRank = opts.root;
@@ -367,7 +401,7 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(at::Tensor& tensor, const Broa
   });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::allToAll(at::Tensor& output, const at::Tensor& input,
+std::shared_ptr<Work> C10dProcessGroup::allToAll(at::Tensor& output, const at::Tensor& input,
                                                  const AllToAllOptions& opts) {
   const char* op = "all_to_all";
   checkTensor(*state_, op, input, "input");
@@ -394,7 +428,7 @@ std::shared_ptr<Work> GlooProcessGroup::allToAll(at::Tensor& output, const at::T
   });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::send(const at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
+std::shared_ptr<Work> C10dProcessGroup::send(const at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
   const char* op = "send";
   checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/true);
   PTRAIN_CHECK_AS(CommError, peer >= 0 && peer < state_->size && peer != state_->rank, state_->where(op), ": peer ",
@@ -406,7 +440,7 @@ std::shared_ptr<Work> GlooProcessGroup::send(const at::Tensor& tensor, int peer,
   });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::recv(at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
+std::shared_ptr<Work> C10dProcessGroup::recv(at::Tensor& tensor, int peer, const PointToPointOptions& opts) {
   const char* op = "recv";
   checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/true);
   PTRAIN_CHECK_AS(CommError, peer >= 0 && peer < state_->size && peer != state_->rank, state_->where(op), ": peer ",
@@ -418,7 +452,7 @@ std::shared_ptr<Work> GlooProcessGroup::recv(at::Tensor& tensor, int peer, const
   });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& opts) {
+std::shared_ptr<Work> C10dProcessGroup::barrier(const BarrierOptions& opts) {
   return issue("barrier", opts.timeout, [&] {
     c10d::BarrierOptions o;
     o.timeout = c10dTimeout(opts.timeout);
@@ -426,4 +460,83 @@ std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& opts) {
   });
 }
 
-}  // namespace ptrain::gloo_backend
+// ---------------------------------------------------------- C10dCommBackend
+
+std::string labelOf(const std::string& name, const std::vector<int>& ranks) {
+  if (name.find('[') != std::string::npos) return name;
+  std::ostringstream os;
+  os << name << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks.size() > 8 && i == 3) {
+      os << "...," << ranks.back();
+      break;
+    }
+    if (i) os << ",";
+    os << ranks[i];
+  }
+  os << "]";
+  return os.str();
+}
+
+C10dCommBackend::C10dCommBackend(const BackendTraits& traits, std::shared_ptr<spdlog::logger> logger)
+    : traits_(traits), logger_(std::move(logger)) {}
+
+std::shared_ptr<ProcessGroup> C10dCommBackend::createGroup(std::shared_ptr<Store> store, const GroupOptions& opts) {
+  const char* backend = traits_.name;
+  PTRAIN_CHECK(store != nullptr, backend, " createGroup(", opts.name, "): store is null");
+  PTRAIN_CHECK_AS(ConfigError, !opts.name.empty(), backend, ": a process group needs a name (used as store prefix)");
+  PTRAIN_CHECK_AS(ConfigError, !opts.ranks.empty(), backend, ": group ", opts.name, " has no ranks");
+  PTRAIN_CHECK_AS(ConfigError, opts.timeout.count() > 0, backend, ": group ", opts.name,
+                  " needs a positive timeout (communication.timeout_s)");
+  for (size_t i = 1; i < opts.ranks.size(); ++i) {
+    PTRAIN_CHECK_AS(ConfigError, opts.ranks[i - 1] < opts.ranks[i], backend, ": the ranks of group ",
+                    labelOf(opts.name, opts.ranks), " must be sorted and distinct");
+  }
+  auto it = std::find(opts.ranks.begin(), opts.ranks.end(), opts.global_rank);
+  PTRAIN_CHECK_AS(ConfigError, it != opts.ranks.end(), backend, ": rank ", opts.global_rank,
+                  " is not a member of group ", labelOf(opts.name, opts.ranks), "; only members create a group");
+
+  auto state = std::make_shared<GroupState>();
+  state->traits = &traits_;
+  state->name = opts.name;
+  state->label = labelOf(opts.name, opts.ranks);
+  state->global_ranks = opts.ranks;
+  state->rank = static_cast<int>(it - opts.ranks.begin());
+  state->size = static_cast<int>(opts.ranks.size());
+  state->timeout = opts.timeout;
+
+  // A name may be reused (a group torn down and made again); members create
+  // groups in the same order, so counting per name keeps their keys apart
+  // from the stale ones of the earlier group.
+  int generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    generation = generations_[opts.name]++;
+  }
+  auto scoped = prefixStore(store, detail::concat(backend, "/", opts.name, "/", generation));
+  auto adapter = c10::make_intrusive<StoreAdapter>(scoped, opts.timeout);
+
+  const std::string where =
+      detail::concat("creating group ", state->label, " (rank ", state->rank, " of ", state->size, ")");
+  c10::intrusive_ptr<compat::C10dBackend> pg;
+  try {
+    pg = makeBackend(adapter, *state);
+  } catch (const TimeoutError&) {
+    throw TimeoutError(detail::concat(where, " timed out after ", formatSeconds(opts.timeout),
+                                      " (communication.timeout_s)", missingMembers(*scoped, *state)));
+  } catch (const Error& e) {
+    throw CommError(detail::concat(where, " failed: ", e.what()));
+  } catch (const std::exception& e) {
+    std::string why = reasonOf(e);
+    if (why.find("imeout") != std::string::npos || why.find("imed out") != std::string::npos) {
+      throw TimeoutError(detail::concat(where, " timed out after ", formatSeconds(opts.timeout),
+                                        " (communication.timeout_s)", missingMembers(*scoped, *state), " (", why,
+                                        ")"));
+    }
+    throw CommError(detail::concat(where, " failed: ", why));
+  }
+  if (logger_) logger_->debug("{}: joined group {} as rank {} of {}", backend, state->label, state->rank, state->size);
+  return std::make_shared<C10dProcessGroup>(std::move(state), std::move(pg));
+}
+
+}  // namespace ptrain::c10d_group

@@ -1,6 +1,6 @@
 #include "store_adapter.h"
 
-namespace ptrain::gloo_backend {
+namespace ptrain::c10d_group {
 
 StoreAdapter::StoreAdapter(std::shared_ptr<ptrain::Store> store, std::chrono::milliseconds timeout)
     : c10d::Store(timeout), store_(std::move(store)) {}
@@ -37,4 +37,8 @@ void StoreAdapter::wait(const std::vector<std::string>& keys, const std::chrono:
   store_->wait(keys, bounded(timeout));
 }
 
-}  // namespace ptrain::gloo_backend
+#if PTRAIN_C10D_STORE_HAS_CLONE
+c10::intrusive_ptr<c10d::Store> StoreAdapter::clone() { return c10::make_intrusive<StoreAdapter>(store_, timeout_); }
+#endif
+
+}  // namespace ptrain::c10d_group

@@ -1,0 +1,31 @@
+// The device a worker computes on, from the recipe's `device` key.
+#pragma once
+
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "ptrain/core/error.h"
+
+namespace ptrain {
+
+// CUDA devices this process sees; 0 where libtorch was built without CUDA.
+PTRAIN_API int cudaDeviceCount();
+
+// `requested` is the recipe's device: "cpu", "cuda", or "auto" (cuda when a
+// GPU is visible). On cuda, the worker with local rank r takes GPU r and
+// makes it the calling thread's current device; a worker without a GPU of its
+// own is a ConfigError that says how many there are.
+PTRAIN_API at::Device selectDevice(const std::string& requested, int localRank);
+
+// The comm plugin `communication.backend: auto` stands for on `device`.
+PTRAIN_API std::string defaultCommBackend(at::Device device);
+
+namespace detail {
+// The current CUDA stream of `device` as a cudaStream_t, for ptrain's own
+// kernels to queue on (the stream libtorch's ops on that device use).
+// Only in builds with CUDA.
+void* currentCudaStream(at::Device device);
+}  // namespace detail
+
+}  // namespace ptrain

@@ -1,0 +1,59 @@
+#include "ptrain/engine/device.h"
+
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include "ptrain/core/text.h"
+
+#if PTRAIN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ptrain {
+
+int cudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+at::Device selectDevice(const std::string& requested, int localRank) {
+  PTRAIN_CHECK_AS(ConfigError, requested == "auto" || requested == "cpu" || requested == "cuda", "device: '",
+                  requested, "' is not one of auto, cpu, cuda");
+  if (requested == "cpu") return at::Device(at::kCPU);
+  const int count = cudaDeviceCount();
+  if (requested == "auto" && count == 0) return at::Device(at::kCPU);
+#if PTRAIN_WITH_CUDA
+  PTRAIN_CHECK_AS(ConfigError, count > 0,
+                  "device: cuda, but this process sees no CUDA device (check CUDA_VISIBLE_DEVICES and the driver); "
+                  "set device: cpu or auto");
+#else
+  PTRAIN_CHECK_AS(ConfigError, count > 0, "device: cuda, but this build of ptrain has no CUDA (libtorch ",
+                  TORCH_VERSION, " is a CPU build); set device: cpu or auto, or build against a libtorch with CUDA ",
+                  "(make TORCH=pypi, see docs/gpu.md)");
+#endif
+  if (requested == "auto" && localRank >= count) {
+    throw ConfigError(detail::concat("device: auto found ", count, " GPU(s), too few for local rank ", localRank,
+                                     ": start at most ", count, " workers per host, or set device: cpu"));
+  }
+  PTRAIN_CHECK_AS(ConfigError, localRank < count, "device: cuda: local rank ", localRank,
+                  " has no GPU of its own (this host shows ", count, "); start at most ", count,
+                  " workers per host (--nproc)");
+  at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(localRank));
+#if PTRAIN_WITH_CUDA
+  c10::cuda::set_device(device.index());
+#endif
+  return device;
+}
+
+std::string defaultCommBackend(at::Device device) { return device.is_cuda() ? "nccl" : "gloo"; }
+
+namespace detail {
+
+void* currentCudaStream(at::Device device) {
+#if PTRAIN_WITH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  throw Error(concat("no CUDA in this build: no stream for ", device.str()));
+#endif
+}
+
+}  // namespace detail
+}  // namespace ptrain
