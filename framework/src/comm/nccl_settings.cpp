@@ -21,9 +21,10 @@ const std::vector<std::string> kLevels = {"LOC", "NVL", "PIX", "PXB", "PHB", "SY
 const std::vector<std::string> kAlgorithms = {"Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"};
 const std::vector<std::string> kProtocols = {"LL", "LL128", "Simple"};
 const std::vector<std::string> kFunctions = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
-const std::vector<std::string> kSubsystems = {"INIT",  "COLL",    "P2P",       "SHM", "NET",     "GRAPH",
-                                              "TUNING", "ENV",    "ALLOC",     "CALL", "PROXY",  "NVLS",
-                                              "BOOTSTRAP", "REG", "PROFILE",   "RAS", "ALL"};
+// NCCL_DEBUG_SUBSYS names, matched with strcasecmp.
+const std::vector<std::string> kSubsystems = {
+    "INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC",
+    "CALL", "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL"};
 
 Variable integer(const char* name, int64_t min, int64_t max, const char* meaning) {
   Variable v;
