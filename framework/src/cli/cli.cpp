@@ -68,7 +68,11 @@ int main(int argc, char** argv) {
   auto* keysCmd = app.add_subcommand("keys", "list every recipe key with its type, default and meaning");
   keysCmd->add_flag("--markdown", markdown, "print the table used in docs/recipes.md");
   std::string keysTrainer;
-  keysCmd->add_option("--trainer", keysTrainer, "also list the keys this trainer plugin adds (e.g. llm)");
+  auto* keysTrainerOpt =
+      keysCmd->add_option("--trainer", keysTrainer, "also list the keys this trainer plugin adds (e.g. llm)");
+  bool keysNccl = false;
+  keysCmd->add_flag("--nccl", keysNccl, "list instead the NCCL variables communication.nccl accepts")
+      ->excludes(keysTrainerOpt);
 
   try {
     app.parse(argc, argv);
@@ -88,7 +92,7 @@ int main(int argc, char** argv) {
     if (checkCmd->parsed()) return cmdCheck(check);
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
-    if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer);
+    if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);
   } catch (const Error& e) {
     // One line per problem (a layout can have several), each prefixed.
     std::string text = e.what();

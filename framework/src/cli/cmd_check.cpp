@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
@@ -100,6 +101,9 @@ int cmdCheck(const CheckArgs& args) {
   const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin);
 
   std::vector<std::string> problems = recipe.validateAll(schema);
+  // The schema takes communication.nccl as a free-form map; its entries are
+  // NCCL's variables, checked against NCCL's table.
+  for (auto& p : nccl::checkRecipe(recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) return report(problems);
 
   const int world = args.nproc > 0 ? args.nproc : static_cast<int>(recipe.getInt("launch.nproc"));
@@ -141,6 +145,10 @@ int cmdCheck(const CheckArgs& args) {
     std::printf("trainer: %s (its own keys were not checked: %s)\n", trainer.c_str(), whyNot.c_str());
   }
   if (s.pp > 1) printPipeline(recipe, plan);
+  // What `ptrain run` will export, with this shell's environment winning.
+  for (const auto& setting : nccl::effectiveSettings(nccl::settingsFromRecipe(recipe), nccl::processEnvironment())) {
+    std::printf("nccl: %s\n", nccl::headerLine(setting).c_str());
+  }
   return 0;
 }
 

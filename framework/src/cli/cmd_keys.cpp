@@ -1,9 +1,11 @@
 // ptrain keys: every recipe key the core knows, as a terminal table or as the
 // markdown table kept in docs/recipes.md; with --trainer NAME, followed by the
-// keys that trainer plugin adds (found on the default plugin search path).
+// keys that trainer plugin adds (found on the default plugin search path);
+// with --nccl, the NCCL variables the communication.nccl map accepts instead.
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
@@ -11,7 +13,12 @@
 
 namespace ptrain::cli {
 
-int cmdKeys(bool markdown, const std::string& trainer) {
+int cmdKeys(bool markdown, const std::string& trainer, bool nccl) {
+  if (nccl) {
+    const std::string out = markdown ? nccl::variablesMarkdown() : nccl::variablesText();
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
   Schema schema;
   describeCoreKeys(schema);
   std::string out = markdown ? schema.markdown() : schema.text();

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "ptrain/comm/nccl_settings.h"
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
@@ -112,6 +113,13 @@ int cmdRun(const RunArgs& args) {
   if (!args.launch.master_addr.empty()) launch.master_addr = args.launch.master_addr;
   launch.master_port = args.launch.master_port;
   launch.one_thread_pool = prepared.recipe.getString("cpu.kernels") == "ptrain";
+  // communication.nccl: the workers start with the recipe's NCCL variables
+  // that this environment does not set itself (each worker checks again, a
+  // no-op then; a worker started by torchrun or srun sets them on its own).
+  const auto ncclSettings =
+      nccl::effectiveSettings(nccl::settingsFromRecipe(prepared.recipe), nccl::processEnvironment());
+  for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
+  launch.extra_env = nccl::environmentEntries(ncclSettings);
   launch.command = {selfExe(), "run", args.recipe};
   for (const auto& o : args.overrides) launch.command.push_back(o);
   launch.command.push_back("--run-dir");

@@ -48,6 +48,6 @@ int cmdRun(const RunArgs& args);
 int cmdCheck(const CheckArgs& args);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);
-int cmdKeys(bool markdown, const std::string& trainer);
+int cmdKeys(bool markdown, const std::string& trainer, bool nccl);
 
 }  // namespace ptrain::cli

@@ -12,6 +12,7 @@
 #include "engine/checkpointer.h"
 #include "engine/progress.h"
 #include "ptrain/comm/communicator.h"
+#include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/engine/device.h"
@@ -45,6 +46,15 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   ctx.rank = env.rank;
   ctx.world_size = env.world_size;
   ctx.device = device_;
+  // NCCL reads its variables when the comm plugin makes its first
+  // communicator, so they are in this process's environment before that.
+  // Under `ptrain run` they arrived with the worker's environment and the
+  // launcher printed them; any other start (torchrun, srun, in-process) sets
+  // and prints them here.
+  const auto ncclSettings = nccl::applySettings(nccl::settingsFromRecipe(recipe));
+  if (env.rank == 0 && env.source != RankSource::kPtrain) {
+    for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
+  }
   CommunicatorOptions commOptions;
   commOptions.backend = recipe.getString("communication.backend");
   if (commOptions.backend == "auto") commOptions.backend = defaultCommBackend(device_);

@@ -1,6 +1,7 @@
 #include <sstream>
 #include <utility>
 
+#include "ptrain/comm/nccl_settings.h"
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
@@ -41,7 +42,9 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
 
   out.world_size = worldSize > 0 ? worldSize : static_cast<int>(out.recipe.getInt("launch.nproc"));
   const LayoutRequest layout = layoutRequestFromRecipe(out.recipe, out.world_size);
-  auto problems = checkLayout(layout);
+  // communication.nccl is a free-form map to the schema: NCCL's table checks it.
+  auto problems = nccl::checkRecipe(out.recipe);
+  for (auto& p : checkLayout(layout)) problems.push_back(std::move(p));
   // A size no installed plugin executes would only repeat the same work.
   for (auto& p : checkParallelPlugins(layout, *out.registry)) problems.push_back(std::move(p));
   if (!problems.empty()) {

@@ -81,6 +81,8 @@ void describeCoreKeys(Schema& s) {
 
   s.add(key("communication.backend", T::kString, "auto", "Comm plugin for collectives: `auto` picks `nccl` on cuda and `gloo` on cpu; or a plugin's name."));
   s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));
+  s.add(key("communication.nccl", T::kMap, "",
+            "NCCL environment variables (NCCL_SOCKET_IFNAME: eth0, ...) checked against NCCL's documented ones and exported to every worker; the environment wins (`ptrain keys --nccl` lists them)."));
 
   s.add(reserved(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."),
                  "bf16 and fp16 arrive with the precision plugins", {"fp32"}));

@@ -40,8 +40,9 @@ struct PTRAIN_API PreparedRecipe {
   PreparedRecipe(PreparedRecipe&&) noexcept;
 };
 
-// Throws ConfigError / PluginLoadError. A layout that does not fit throws one
-// ConfigError whose message has one line per problem. `worldSize` 0 means
+// Throws ConfigError / PluginLoadError. A layout that does not fit (or a
+// communication.nccl entry NCCL's table refuses, comm/nccl_settings.h) throws
+// one ConfigError whose message has one line per problem. `worldSize` 0 means
 // launch.nproc.
 PTRAIN_API PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::string>& overrides,
                                         int worldSize, int rank = 0);
