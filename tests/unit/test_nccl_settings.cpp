@@ -91,8 +91,12 @@ TEST(NcclTable, CoversTheCommonlyTunedVariables) {
     EXPECT_EQ(v.name.compare(0, 5, "NCCL_"), 0) << v.name;
     EXPECT_FALSE(v.meaning.empty()) << v.name;
     EXPECT_FALSE(nccl::acceptedText(v).empty()) << v.name;
-    if (v.kind == nccl::ValueKind::kInteger) EXPECT_LE(v.min, v.max) << v.name;
-    if (v.kind == nccl::ValueKind::kChoice) EXPECT_FALSE(v.choices.empty()) << v.name;
+    if (v.kind == nccl::ValueKind::kInteger) {
+      EXPECT_LE(v.min, v.max) << v.name;
+    }
+    if (v.kind == nccl::ValueKind::kChoice) {
+      EXPECT_FALSE(v.choices.empty()) << v.name;
+    }
   }
   for (const char* name :
        {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY",

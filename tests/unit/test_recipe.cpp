@@ -476,7 +476,7 @@ TEST(RecipeRoundTrip, ToYamlLoadsBackToTheSameRecipe) {
   EXPECT_DOUBLE_EQ(second.getFloat("optimizer.lr"), 0.003);
   EXPECT_EQ(second.getString("optimizer.lr_schedule"), "cosine");
   EXPECT_EQ(second.getIntList("parallel.pipeline_layout"), (std::vector<int64_t>{2}));
-  EXPECT_EQ(second.getString("communication.backend"), "gloo");
+  EXPECT_EQ(second.getString("communication.backend"), "auto");
   EXPECT_TRUE(second.isExplicit("communication.backend"));
   EXPECT_EQ(second.getInt("train.steps"), 600);
   // Sections come in the schema's order, the defaults key is resolved away.

@@ -58,6 +58,9 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   CommunicatorOptions commOptions;
   commOptions.backend = recipe.getString("communication.backend");
   if (commOptions.backend == "auto") commOptions.backend = defaultCommBackend(device_);
+  if (env.rank == 0 && device_.is_cuda()) {
+    logger()->info("device: cuda (each worker on the GPU of its local rank), communication: {}", commOptions.backend);
+  }
   commOptions.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));
   comm_ = std::make_unique<Communicator>(env, layoutFromRecipe(recipe, env.world_size), *prepared_.registry, ctx,
