@@ -24,6 +24,12 @@ if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
 
+# TorchConfig finds its Caffe2 config with PATHS, which come after the system
+# folders: given only Torch_DIR, a machine with Debian's libtorch too would mix
+# the two. Take the Caffe2 config beside the Torch one.
+if(Torch_DIR AND NOT Caffe2_DIR AND EXISTS "${Torch_DIR}/../Caffe2/Caffe2Config.cmake")
+  get_filename_component(Caffe2_DIR "${Torch_DIR}/../Caffe2" ABSOLUTE)
+endif()
 find_package(Torch REQUIRED)
 if(TORCH_INSTALL_PREFIX)
   set(PTRAIN_TORCH_PREFIX "${TORCH_INSTALL_PREFIX}")
@@ -89,7 +95,35 @@ if(PTRAIN_WITH_CUDA)
   foreach(_dir IN LISTS _nvidia_lib_dirs)
     get_filename_component(_dir "${_dir}" ABSOLUTE)
     add_link_options("LINKER:-rpath-link,${_dir}")
+    # The CUDA runtime libtorch was built with, ahead of the toolkit's, for
+    # ptrain's own kernels too: one libcudart in the process.
+    list(APPEND CMAKE_BUILD_RPATH "${_dir}")
   endforeach()
+endif()
+
+# A libtorch outside the system folders (PyPI's): installed binaries find it,
+# and NVIDIA's libraries beside it, through their RUNPATH.
+if(NOT PTRAIN_TORCH_PREFIX MATCHES "^/usr(/|$)")
+  list(APPEND CMAKE_INSTALL_RPATH "${PTRAIN_TORCH_PREFIX}/lib")
+  if(PTRAIN_WITH_CUDA)
+    foreach(_dir IN LISTS _nvidia_lib_dirs)
+      get_filename_component(_dir "${_dir}" ABSOLUTE)
+      list(APPEND CMAKE_INSTALL_RPATH "${_dir}")
+    endforeach()
+  endif()
+endif()
+
+# ptrain's host kernels (cpu.kernels: ptrain) call the BLAS libtorch exports:
+# Debian's libtorch exports OpenBLAS. PyPI's keeps its MKL to itself, so the
+# core links OpenBLAS for them (libopenblas0-pthread, a Debian dependency).
+set(PTRAIN_HOST_BLAS "")
+if(NOT PTRAIN_TORCH_PREFIX MATCHES "^/usr(/|$)")
+  find_library(PTRAIN_OPENBLAS NAMES openblas libopenblas.so.0)
+  if(PTRAIN_OPENBLAS)
+    set(PTRAIN_HOST_BLAS "-Wl,--no-as-needed" "${PTRAIN_OPENBLAS}" "-Wl,--as-needed")
+  else()
+    message(STATUS "ptrain: no OpenBLAS found; cpu.kernels: ptrain will fall back to libtorch's ops")
+  endif()
 endif()
 
 set(PTRAIN_WITH_NCCL OFF)
