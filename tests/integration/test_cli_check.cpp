@@ -245,24 +245,12 @@ TEST(CliKeys, ListsATrainersOwnKeysOnRequest) {
 // docs/recipes.md carries the key table between markers; it must equal what
 // `ptrain keys --markdown` prints, so the documentation cannot drift.
 TEST(CliKeys, DocsTableMatchesKeysMarkdown) {
-  std::string doc = test::readFile(test::sourceDir() + "/docs/recipes.md");
-  const std::string begin = "<!-- keys:begin -->\n";
-  const std::string end = "<!-- keys:end -->";
-  auto b = doc.find(begin);
-  auto e = doc.find(end);
-  ASSERT_NE(b, std::string::npos) << "docs/recipes.md lacks " << begin;
-  ASSERT_NE(e, std::string::npos) << "docs/recipes.md lacks " << end;
-  ASSERT_LT(b, e);
-  std::string table = doc.substr(b + begin.size(), e - b - begin.size());
+  // Blank lines around the markers keep the markdown readable: both sides are trimmed.
+  const std::string table = test::markedSection(test::sourceDir() + "/docs/recipes.md", "keys");
+  ASSERT_FALSE(table.empty());
   test::ProcessResult r = runPtrain({"keys", "--markdown"}, {}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // Blank lines around the markers keep the markdown readable.
-  auto trim = [](std::string s) {
-    while (!s.empty() && s.front() == '\n') s.erase(0, 1);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  };
-  EXPECT_EQ(trim(table), trim(r.output))
+  EXPECT_EQ(table, test::trimNewlines(r.output))
       << "docs/recipes.md is out of date: replace the table between the markers with the output of "
          "`ptrain keys --markdown`";
 }

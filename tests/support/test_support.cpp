@@ -201,4 +201,22 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
+std::string trimNewlines(std::string text) {
+  while (!text.empty() && text.front() == '\n') text.erase(0, 1);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+std::string markedSection(const std::string& path, const std::string& name) {
+  const std::string doc = readFile(path);
+  const std::string begin = "<!-- " + name + ":begin -->\n";
+  const std::string end = "<!-- " + name + ":end -->";
+  const auto b = doc.find(begin);
+  const auto e = doc.find(end);
+  EXPECT_NE(b, std::string::npos) << path << " lacks " << begin;
+  EXPECT_NE(e, std::string::npos) << path << " lacks " << end;
+  if (b == std::string::npos || e == std::string::npos || e < b) return "";
+  return trimNewlines(doc.substr(b + begin.size(), e - b - begin.size()));
+}
+
 }  // namespace ptrain::test

@@ -68,4 +68,11 @@ double relDiff(double a, double b);
 // Reads a whole file; "" when it does not exist.
 std::string readFile(const std::string& path);
 
+// Text with its leading and trailing newlines removed.
+std::string trimNewlines(std::string text);
+
+// What a document holds between "<!-- NAME:begin -->" and "<!-- NAME:end -->",
+// newlines trimmed; a gtest failure (and "") when the markers are missing.
+std::string markedSection(const std::string& path, const std::string& name);
+
 }  // namespace ptrain::test

@@ -459,22 +459,12 @@ TEST(NcclRun, HeaderComesFromTheLauncherOnce) {
 // docs/recipes.md lists the variables between markers; it must equal what
 // `ptrain keys --nccl --markdown` prints.
 TEST(NcclDocs, RecipesDocListsEveryVariable) {
-  std::string doc = test::readFile(test::sourceDir() + "/docs/recipes.md");
-  const std::string begin = "<!-- nccl:begin -->\n";
-  const std::string end = "<!-- nccl:end -->";
-  auto b = doc.find(begin);
-  auto e = doc.find(end);
-  ASSERT_NE(b, std::string::npos) << "docs/recipes.md lacks " << begin;
-  ASSERT_NE(e, std::string::npos) << "docs/recipes.md lacks " << end;
-  ASSERT_LT(b, e);
-  auto trim = [](std::string s) {
-    while (!s.empty() && s.front() == '\n') s.erase(0, 1);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  };
+  const std::string section = test::markedSection(test::sourceDir() + "/docs/recipes.md", "nccl");
+  ASSERT_FALSE(section.empty());
+  const auto trim = test::trimNewlines;
   test::ProcessResult r = runPtrain({"keys", "--nccl", "--markdown"}, {}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(trim(doc.substr(b + begin.size(), e - b - begin.size())), trim(r.output))
+  EXPECT_EQ(section, trim(r.output))
       << "docs/recipes.md is out of date: replace the table between the nccl markers with the output of "
          "`ptrain keys --nccl --markdown`";
   EXPECT_EQ(trim(r.output), trim(nccl::variablesMarkdown()));
