@@ -87,6 +87,7 @@ const char* dtypeName(at::ScalarType t) {
     case at::kInt: return "int32";
     case at::kLong: return "int64";
     case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
     default: return "other";
   }
 }

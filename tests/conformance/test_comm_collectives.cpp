@@ -178,6 +178,46 @@ TEST_P(CommCollectives, ReduceScatterEveryOpMatchesClosedForm) {
   });
 }
 
+// bf16 and fp16, which the models' activations and tensor-parallel sums use:
+// collectives that move values move them bit for bit (a backend without the
+// dtype, Gloo for bf16, carries them as a dtype of the same width), and sums
+// are taken in float32 and rounded once, so they are the float32 sum of the
+// values rounded to the dtype: (1 + 2^-7) * n here, which a sum in bf16 step
+// by step would round at every step.
+TEST_P(CommCollectives, HalfPrecisionMovesBitForBitAndSumsInFloat32) {
+  const auto c = GetParam();
+  runCommRanks(c.backend, c.world, [&](CommRank& comm) {
+    auto& g = comm.world();
+    const int n = g.size(), r = g.rank();
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      const auto opts = at::TensorOptions().dtype(dtype);
+      at::Tensor t = at::full({5}, 1.0 + 1.0 / 128, opts);
+      g.allreduce(t)->wait();
+      expectSame(t, at::full({5}, n * (1.0 + 1.0 / 128), at::kFloat).to(dtype), ctx(dtype, "allreduce", 5, r, "sum"));
+      // Values up to 4 * 30 are integers every dtype here holds exactly.
+      at::Tensor input = (r * 30 + at::arange(30, at::kLong)).to(dtype);
+      at::Tensor output = at::full({n * 30}, -1, opts);
+      g.allgather(output, input)->wait();
+      expectSame(output, at::arange(n * 30, at::kLong).to(dtype), ctx(dtype, "allgather", 30, r));
+      at::Tensor blocks = at::full({n * 3}, 1.0 + 1.0 / 128, opts);
+      at::Tensor mine = at::zeros({3}, opts);
+      g.reduceScatter(mine, blocks)->wait();
+      expectSame(mine, at::full({3}, n * (1.0 + 1.0 / 128), at::kFloat).to(dtype),
+                 ctx(dtype, "reduce_scatter", 3, r, "sum"));
+      at::Tensor b = r == 0 ? at::arange(9, at::kLong).to(dtype) : at::zeros({9}, opts);
+      BroadcastOptions root;
+      g.broadcast(b, root)->wait();
+      expectSame(b, at::arange(9, at::kLong).to(dtype), ctx(dtype, "broadcast", 9, r));
+      at::Tensor sendRows = (r * 20 + at::arange(2 * n, at::kLong)).to(dtype).view({n, 2});
+      at::Tensor recvRows = at::zeros({n, 2}, opts);
+      g.allToAll(recvRows, sendRows)->wait();
+      for (int j = 0; j < n; ++j) {
+        expectSame(recvRows[j], (j * 20 + 2 * r + at::arange(2, at::kLong)).to(dtype), ctx(dtype, "all_to_all", 2, r));
+      }
+    }
+  });
+}
+
 TEST_P(CommCollectives, BroadcastFromEveryRoot) {
   const auto c = GetParam();
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {

@@ -180,6 +180,43 @@ TEST(CliCheck, ReservedKeysRefuseWhatIsNotBuilt) {
   EXPECT_EQ(lines(r.output).at(0), ok + ": OK") << r.output;
 }
 
+// Loss-scale settings that cannot work, and precision names no plugin has:
+// exit 2, one line each, pointing at the key.
+TEST(CliCheck, PrecisionSettingsThatCannotWorkOneLineEach) {
+  TempDir dir;
+  std::string fp16 = dir.write("fp16.yaml", std::string(kValid) +
+                                                "precision: {name: fp16, initial_loss_scale: 1024, min_loss_scale: 4096}\n");
+  expectProblems({fp16}, {"ptrain: " + fp16 +
+                          ":5:51: precision.min_loss_scale: 4096 is above precision.initial_loss_scale=1024; the "
+                          "dynamic scale starts at the initial one and never goes below the minimum: lower "
+                          "min_loss_scale or raise initial_loss_scale"});
+  std::string ok = dir.write("ok.yaml", kValid);
+  expectProblems({ok, "precision.name=fp16", "precision.loss_scale_window=0", "precision.loss_scale=-1"},
+                 {"ptrain: <command line>: precision.loss_scale_window: 0 is out of range; use a value >= 1",
+                  "ptrain: <command line>: precision.loss_scale: -1 is out of range; use a value >= 0"});
+  expectProblems({ok, "precision.name=bf16", "precision.hysteresis=4", "precision.fp16_lm_cross_entropy=true"},
+                 {"ptrain: <command line>: precision.hysteresis: applies to fp16 only, and precision.name is bf16; "
+                  "remove it or set precision.name: fp16",
+                  "ptrain: <command line>: precision.fp16_lm_cross_entropy: applies to fp16 only, and precision.name "
+                  "is bf16; remove it or set precision.name: fp16"});
+  test::ProcessResult r = runPtrain({"check", ok, "precision.name=fp61"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  ASSERT_EQ(lines(r.output).size(), 1u) << r.output;
+  EXPECT_EQ(r.output.rfind("ptrain: <command line>: precision.name: no precision plugin named 'fp61' (did you mean "
+                           "'fp16'?); available: ", 0), 0u) << r.output;
+  for (const char* known : {"fp32", "bf16", "fp16"}) EXPECT_NE(r.output.find(known), std::string::npos) << r.output;
+  expectNoCrashTrace(r.output);
+  // Every built-in precision with its own keys passes.
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"precision.name=bf16"},
+        std::vector<std::string>{"precision.name=fp16", "precision.loss_scale=128", "precision.fp16_lm_cross_entropy=true"}}) {
+    std::vector<std::string> args{"check", ok};
+    args.insert(args.end(), extra.begin(), extra.end());
+    r = runPtrain(args, {}, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+}
+
 // A layout dimension above 1 runs only if a parallel plugin executes it;
 // `check` and `run` refuse one that no installed plugin does.
 TEST(CliCheck, SizesNoPluginExecutesAreRefused) {

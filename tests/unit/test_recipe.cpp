@@ -276,10 +276,8 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
   EXPECT_EQ(problemsOf(std::string(kMinimal) + "offload:\n  params: true\n"),
             std::vector<std::string>{"r.yaml:6:11: offload.params: true is not implemented yet (no offload plugin "
                                      "exists); remove it or set false"});
-  EXPECT_EQ(problemsOf(kMinimal, {"precision.name=bf16", "fusion.masked_softmax=yes", "train.eval_batches=8"}),
+  EXPECT_EQ(problemsOf(kMinimal, {"fusion.masked_softmax=yes", "train.eval_batches=8"}),
             (std::vector<std::string>{
-                "<command line>: precision.name: bf16 is not implemented yet (bf16 and fp16 arrive with the "
-                "precision plugins); remove it or set fp32",
                 "<command line>: fusion.masked_softmax: yes is not implemented yet (no fused kernel exists); remove "
                 "it or set false",
                 "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "

@@ -324,7 +324,7 @@ TEST(RecipeSchema, KeyBuildersFillTheSpec) {
 TEST(RecipeSchema, CoreReservedKeys) {
   Schema s = coreSchema();
   const std::vector<std::pair<const char*, std::vector<std::string>>> reserved = {
-      {"precision.name", {"fp32"}},          {"offload.params", {"false"}},
+      {"offload.params", {"false"}},
       {"offload.optimizer", {"false"}},      {"fusion.bias_gelu", {"false"}},
       {"fusion.bias_dropout_add", {"false"}}, {"fusion.masked_softmax", {"false"}},
       {"fusion.cross_entropy", {"false"}},   {"train.eval_batches", {}},

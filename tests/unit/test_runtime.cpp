@@ -25,12 +25,15 @@
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
+#include "unit/llm_runtime_fixture.h"
 #include "../../trainers/llm/gpt_model.h"
 #include "../../trainers/llm/llm_trainer.h"
 #include "ptrain/datasets/arithmetic.h"
 
 namespace ptrain {
 namespace {
+
+using namespace llm_fixture;
 
 // ---- a small model: embed -> residual MLP blocks -> linear head, MSE ----
 
@@ -92,11 +95,6 @@ OptimizerOptions adamw(double lr = 1e-2) {
   o.warmup_steps = 2;
   o.total_steps = 6;
   return o;
-}
-
-PluginRegistry& registry() {
-  static PluginRegistry r(PluginRegistry::defaultSearchPath({}));
-  return r;
 }
 
 struct LocalRuntime {
@@ -487,76 +485,6 @@ TEST(Placement, EachValueIsCountedInTheNormByOneRank) {
 }
 
 // ---- several ranks: the GPT of the llm trainer ----
-
-Recipe llmRecipe(llm::LlmTrainer& trainer, const std::vector<std::string>& overrides) {
-  Schema schema;
-  describeCoreKeys(schema);
-  trainer.describeKeys(schema);
-  Recipe recipe = Recipe::fromString(
-      "trainer: {name: llm}\n"
-      "model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 8}\n"
-      "data: {digits: 1, eval_size: 8}\n"
-      "train: {steps: 3, global_batch_size: 8, seed: 5}\n"
-      "optimizer: {lr: 0.003}\n",
-      "<test>", overrides);
-  recipe.validate(schema);
-  return recipe;
-}
-
-RuntimeOptions llmOptions(const Recipe& recipe, const ParallelLayout& layout, bool trained) {
-  RuntimeOptions o;
-  o.layout = layout;
-  o.seed = 5;
-  o.recipe = &recipe;
-  if (trained) o.optimizer = OptimizerOptions::fromRecipe(recipe);
-  return o;
-}
-
-ParallelLayout layoutOf(int world, int tp, int pp) {
-  LayoutSizes s;
-  s.world = world;
-  s.tp = tp;
-  s.pp = pp;
-  return ParallelLayout(s);
-}
-
-// One training step of the llm trainer's global batch of 8 rows, as the
-// default loop takes it.
-StepResult llmStep(ModelRuntime& rt, llm::LlmTrainer& trainer, int step, int64_t microBatchSize) {
-  Batch batch = trainer.globalBatch(step, 8);
-  StepInput in;
-  in.step = step;
-  in.micro_batches = rt.microBatches(batch, microBatchSize);
-  in.loss_divisor = trainer.lossCount(batch);
-  return rt.step(in);
-}
-
-// The losses of three steps of the whole model on one rank.
-std::vector<double> singleRankLosses(llm::LlmTrainer& trainer, const Recipe& recipe) {
-  auto comm = Communicator::loopback();
-  ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
-                  llmOptions(recipe, comm->layout(), true));
-  std::vector<double> losses;
-  for (int step = 0; step < 3; ++step) losses.push_back(llmStep(rt, trainer, step, 4).loss);
-  return losses;
-}
-
-std::unique_ptr<Communicator> worldOf(int rank, int size, int port, const ParallelLayout& layout) {
-  at::set_num_threads(1);
-  RankEnv env;
-  env.rank = rank;
-  env.world_size = size;
-  env.local_rank = rank;
-  env.local_world_size = size;
-  env.master_port = port;
-  PluginContext ctx;
-  ctx.logger = logger();
-  ctx.rank = rank;
-  ctx.world_size = size;
-  CommunicatorOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return std::make_unique<Communicator>(env, layout, registry(), ctx, options);
-}
 
 // Each parallel plugin through the runtime, in forked ranks: three steps of
 // a layout against the same steps of the whole model on one rank.

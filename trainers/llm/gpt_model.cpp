@@ -10,12 +10,15 @@
 
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
+#include "ptrain/nn/ops.h"
 
 namespace ptrain::llm {
 namespace {
 
-at::Tensor maybeDropout(const at::Tensor& x, double p, bool training) {
-  return (p > 0 && training) ? torch::dropout(x, p, true) : x;
+at::Tensor maybeDropout(const at::Tensor& x, double p, bool training) { return nn::dropout(x, p, training); }
+
+at::Tensor layerNorm(const torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  return nn::layerNorm(x, ln->weight, ln->bias, ln->options.eps());
 }
 
 bool sequenceParallel(const TensorParallelStatePtr& tp) { return nn::isActive(tp.get()) && tp->sequence_parallel; }
@@ -69,7 +72,7 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
   // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
   // sample: draw the mask of all heads and keep those.
   auto dropProbs = [&](const at::Tensor& probs) {
-    if (!nn::isActive(tp_.get())) return torch::dropout(probs, dropout_, true);
+    if (!nn::isActive(tp_.get())) return nn::dropout(probs, dropout_, true);
     const int64_t batch = qkvOut.size(0), heads = probs.size(0) / batch;
     return nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
         .view({batch * heads, length, length});
@@ -84,7 +87,7 @@ GptMlpImpl::GptMlpImpl(const GptConfig& c) {
   fc2 = register_module("fc2", nn::RowParallelLinear(c.ffnSize(), c.hidden_size, true, residualStd(c)));
 }
 
-at::Tensor GptMlpImpl::forward(const at::Tensor& x) { return fc2(torch::gelu(fc1(x), "tanh")); }
+at::Tensor GptMlpImpl::forward(const at::Tensor& x) { return fc2(nn::gelu(fc1(x))); }
 
 // ---- block ----
 
@@ -96,8 +99,8 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout) {
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
-  at::Tensor h = x + residualDropout(attn(ln1(x), additiveMask));
-  return h + residualDropout(mlp(ln2(h)));
+  at::Tensor h = x + residualDropout(attn(layerNorm(ln1, x), additiveMask));
+  return h + residualDropout(mlp(layerNorm(ln2, h)));
 }
 
 void GptBlockImpl::setTensorParallel(TensorParallelStatePtr state) {
@@ -110,7 +113,7 @@ at::Tensor GptBlockImpl::residualDropout(const at::Tensor& x) {
   // Sequence shards get their slice of the whole tensor's mask; replicated
   // activations (plain tensor parallelism) draw the same mask on every rank.
   if (sequenceParallel(tp_)) return nn::shardedDropout(x, dropout_, true, 1, tp_->size, tp_->rank);
-  return torch::dropout(x, dropout_, true);
+  return nn::dropout(x, dropout_, true);
 }
 
 // ---- head ----
@@ -125,7 +128,7 @@ GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbe
 }
 
 at::Tensor GptHeadImpl::forward(const at::Tensor& hidden) {
-  at::Tensor x = ln_f(hidden);
+  at::Tensor x = layerNorm(ln_f, hidden);
   return lm ? lm(x) : tied_->projectToVocab(x);
 }
 
@@ -266,9 +269,10 @@ LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
   const at::Tensor& targets = micro.at("targets");
   const at::Tensor& lossMask = micro.at("loss_mask");
   // fp32 whatever the compute dtype (log-softmax over the vocabulary is where
-  // half precision loses the most), padding entries excluded, and across the
-  // group when the vocabulary is split.
-  at::Tensor perToken = nn::vocabParallelCrossEntropy(logits, targets, config_.validVocab(), tp_.get());
+  // half precision loses the most) unless fp16_lm_cross_entropy, padding
+  // entries excluded, and across the group when the vocabulary is split.
+  at::Tensor perToken = nn::vocabParallelCrossEntropy(logits, targets, config_.validVocab(), tp_.get(),
+                                                      config_.fp16_lm_cross_entropy);
   at::Tensor mask = lossMask.to(perToken.scalar_type());
   LossOutput out;
   out.loss_sum = (perToken * mask).sum();

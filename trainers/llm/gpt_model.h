@@ -82,6 +82,9 @@ struct GptConfig {
   double init_std = 0.02;
   bool tie_embeddings = true;
   double layernorm_eps = 1e-5;
+  // The output projection's cross-entropy in the logits' dtype (fp16) rather
+  // than float32 (Megatron's fp16_lm_cross_entropy).
+  bool fp16_lm_cross_entropy = false;
 
   int64_t ffnSize() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t headDim() const { return hidden_size / num_heads; }

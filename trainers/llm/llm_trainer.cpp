@@ -131,6 +131,8 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.dropout = recipe.getFloat("model.dropout");
   c.init_std = recipe.getFloat("model.init_std");
   c.tie_embeddings = recipe.getBool("model.tie_embeddings");
+  // The precision plugin owns the dtypes; the loss's precision is the model's.
+  c.fp16_lm_cross_entropy = recipe.getBool("precision.fp16_lm_cross_entropy");
   if (c.num_heads < 1 || c.hidden_size % c.num_heads != 0) {
     recipe.fail("model.hidden_size", std::to_string(c.hidden_size) + " is not a multiple of model.num_attention_heads=" +
                                          std::to_string(c.num_heads) + "; use e.g. " +

@@ -15,6 +15,7 @@
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
+#include "ptrain/core/text.h"
 #include "ptrain/engine/device.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
@@ -28,6 +29,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// "  scale 65536  skipped 2" for a step under a loss scale, "" otherwise.
+std::string scaleNote(const StepResult& result) {
+  auto scale = result.stats.find("loss_scale");
+  if (scale == result.stats.end()) return "";
+  auto skipped = result.stats.find("skipped_steps");
+  return "  scale " + text::formatNumber(scale->second) + "  skipped " +
+         text::formatNumber(skipped == result.stats.end() ? 0.0 : skipped->second);
+}
 
 }  // namespace
 
@@ -77,6 +87,7 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.layout = comm_->layout();
   o.device = device_;
   o.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
+  o.precision = recipe.getString("precision.name");
   o.recipe = &recipe;
   o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;
@@ -156,7 +167,8 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
     if (!result.applied) line["skipped"] = true;
     for (const auto& [k, v] : result.stats) line[k] = v;
     session.writeMetrics(line);
-    progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps);
+    progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps,
+                    scaleNote(result));
 
     if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) {
       summary.eval = evaluate();

@@ -41,7 +41,7 @@ Progress::Progress(bool active, const std::string& mode, int64_t totalSteps, int
   bar_ = mode == "bar" || (mode == "auto" && tty);
 }
 
-void Progress::update(int64_t step, double loss, double tokensPerSecond, bool logLine) {
+void Progress::update(int64_t step, double loss, double tokensPerSecond, bool logLine, const std::string& extra) {
   if (!active_) return;
   const double elapsed = now() - startTime_;
   const double perStep = elapsed / static_cast<double>(std::max<int64_t>(1, step - start_));
@@ -51,13 +51,13 @@ void Progress::update(int64_t step, double loss, double tokensPerSecond, bool lo
     const int filled = static_cast<int>(width * step / std::max<int64_t>(1, total_));
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s ", bar.c_str(), static_cast<long long>(step),
-                static_cast<long long>(total_), loss, tokensPerSecond, formatDuration(eta).c_str());
+    std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s ", bar.c_str(), static_cast<long long>(step),
+                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, formatDuration(eta).c_str());
     std::fflush(stdout);
     barShown_ = true;
   } else if (logLine) {
-    std::printf("step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s\n", static_cast<long long>(step),
-                static_cast<long long>(total_), loss, tokensPerSecond, formatDuration(eta).c_str());
+    std::printf("step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s\n", static_cast<long long>(step),
+                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, formatDuration(eta).c_str());
     std::fflush(stdout);
   }
 }

@@ -25,8 +25,9 @@ class MetricsWriter {
 class Progress {
  public:
   Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep);
-  // `logLine`: whether this step is due for a plain line.
-  void update(int64_t step, double loss, double tokensPerSecond, bool logLine);
+  // `logLine`: whether this step is due for a plain line. `extra` follows
+  // the loss (e.g. the fp16 loss scale and skipped steps).
+  void update(int64_t step, double loss, double tokensPerSecond, bool logLine, const std::string& extra = "");
   // A message printed on its own line (e.g. evaluation results).
   void note(const std::string& message);
   void finish();

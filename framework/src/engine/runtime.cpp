@@ -8,6 +8,7 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/parallel_plugins.h"
+#include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
 
@@ -94,6 +95,9 @@ NamedTensors gatherToFirstStage(NamedTensors mine, ProcessGroup& group) {
   return all;
 }
 
+// Optimizer-file entries of the precision plugin's state.
+constexpr const char* kPrecisionPrefix = "precision.";
+
 // "<slot>.<param>" -> "<param>".
 std::string parameterOfState(const std::string& stateName) { return stateName.substr(stateName.find('.') + 1); }
 
@@ -143,11 +147,21 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   PTRAIN_CHECK(model_ != nullptr, "runtime '", options_.name, "': the model factory returned nothing");
   if (options_.device != at::Device(at::kCPU)) model_->module().to(options_.device);
   model_->module().train();
+  pluginObjects_.push_back(registry.create(plugin_kind::kPrecision, options_.precision, ctx, "precision.name"));
+  precision_ = static_cast<PrecisionPlugin*>(pluginObjects_.back().get());
+  // Before the parallel plugins: they hook each parameter's gradient
+  // accumulator, which a change of dtype replaces.
+  precision_->castModel(*model_);
   // What the build drew depends on the parts this rank built; what comes
   // next (dropout) must not.
   torch::manual_seed(options_.seed + 1);
   for (auto* p : parallel_) p->apply(*model_, *groups_);
+  precision_->attach(*model_, *groups_, options_.optimizer.has_value());
 
+  // The precision plugin first: its beginStep gives every parameter its
+  // float32 gradient before anything else runs, and its finishGradients (run
+  // in reverse order) sees the gradients every other hook has reduced.
+  hooks_.push_back(precision_);
   for (auto* p : parallel_) hooks_.push_back(p);
   for (auto* h : hooks_) observeBlocks_ = observeBlocks_ || h->observesBlockBackward();
   model_->block_wrapper = [this](int index, const at::Tensor& input) { return runBlock(index, input); };
@@ -166,7 +180,9 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   }
 
   if (options_.optimizer) {
-    optimizer_ = makeOptimizer(model_->localParameters(), *options_.optimizer);
+    OptimizerOptions optimizerOptions = *options_.optimizer;
+    optimizerOptions.master_weights = optimizerOptions.master_weights || precision_->masterWeights();
+    optimizer_ = makeOptimizer(model_->localParameters(), optimizerOptions);
     for (const auto& name : optimizer_->parameterNames()) {
       countedInNorm_.push_back(model_->placement.countedInNorm(name, options_.layout, comm_.rank()));
     }
@@ -357,6 +373,10 @@ ModelRuntime::Tensors ModelRuntime::gatherForCheckpoint() {
   if (comm_.rank() == 0) {
     for (auto& [name, t] : params) out.parameters.emplace_back(name, t.cpu());
     for (auto& [name, t] : state) out.optimizer.emplace_back(name, t.cpu());
+    // The same on every rank: rank 0's.
+    if (optimizer_) {
+      for (auto& [name, t] : precision_->state()) out.optimizer.emplace_back(kPrecisionPrefix + name, t.cpu());
+    }
   }
   return out;
 }
@@ -403,8 +423,12 @@ void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& param
   }
   if (!optimizer_) return;
   // State is stored full-size: take this rank's slice, as for parameters.
-  std::map<std::string, at::Tensor> mine;
+  std::map<std::string, at::Tensor> mine, precisionState;
   for (const auto& [name, t] : optimizerState) {
+    if (name.rfind(kPrecisionPrefix, 0) == 0) {
+      precisionState[name.substr(std::strlen(kPrecisionPrefix))] = t;
+      continue;
+    }
     const ParameterPlacement& p = placement.of(parameterOfState(name));
     bool full = true;
     for (const auto& s : p.shards) full = full && t.dim() > s.dim && t.size(s.dim) == s.full_size;
@@ -412,6 +436,7 @@ void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& param
   }
   try {
     optimizer_->load(mine, optimizerSteps);
+    precision_->loadState(precisionState);
   } catch (const CheckpointError& e) {
     throw CheckpointError(detail::concat(where, ": ", e.what()));
   }

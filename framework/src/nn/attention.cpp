@@ -7,6 +7,7 @@
 
 #include "host_blas.h"
 #include "ptrain/core/torch_compat.h"
+#include "ptrain/nn/host_fallback.h"
 #include "ptrain/nn/host_kernels.h"
 
 namespace ptrain::nn {
@@ -144,6 +145,10 @@ bool hostAttentionApplies(const at::Tensor& qkv) {
 
 at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask,
                             const std::function<at::Tensor(const at::Tensor&)>& dropProbs) {
+  if (computeInFloat32(HostOp::kAttention, qkv)) {
+    return batchedAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat), dropProbs)
+        .to(qkv.scalar_type());
+  }
   const int64_t batch = qkv.size(0), length = qkv.size(1), heads = qkv.size(2) / (3 * headDim);
   // [B, T, heads, 3, d] -> [3, B, heads, T, d]; unbind, not three selects: its
   // backward stacks the three gradients once instead of scattering each into
@@ -185,6 +190,9 @@ at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double sca
                "attention: qkv of shape ", qkv.sizes(), " is not [batch, length, heads * 3 * ", headDim, "]");
   PTRAIN_CHECK(additiveMask.dim() == 2 && additiveMask.size(0) == qkv.size(1) && additiveMask.size(1) == qkv.size(1),
                "attention: mask of shape ", additiveMask.sizes(), " for length ", qkv.size(1));
+  if (computeInFloat32(HostOp::kAttention, qkv)) {
+    return multiHeadAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat)).to(qkv.scalar_type());
+  }
   // The host kernel gives the mask no gradient: a learned mask takes libtorch's path.
   if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat &&
       !additiveMask.requires_grad()) {

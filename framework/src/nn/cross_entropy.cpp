@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "ptrain/comm/process_group.h"
+#include "ptrain/nn/host_fallback.h"
 
 namespace ptrain::nn {
 namespace {
@@ -30,11 +31,11 @@ int64_t validLocalEntries(int64_t validVocab, int64_t start, int64_t k) {
 
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                            int64_t validVocab, const TensorParallelState* tp) {
+                            int64_t validVocab, const TensorParallelState* tp, at::ScalarType computeDtype) {
     const int64_t k = logits.size(-1);
     const int64_t start = static_cast<int64_t>(tp->rank) * k;
-    // float32 working copy: it becomes the softmax saved for backward.
-    at::Tensor x = logits.reshape({-1, k}).to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    // A working copy in the compute dtype: it becomes the softmax saved for backward.
+    at::Tensor x = logits.reshape({-1, k}).to(computeDtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
     const at::Tensor t = targets.reshape({-1});
     const int64_t validLocal = validLocalEntries(validVocab, start, k);
     if (validLocal < k) x.narrow(1, validLocal, k - validLocal).fill_(kNegInf);
@@ -55,7 +56,7 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     x.exp_();
     at::Tensor sumExp = x.sum(1).contiguous();
     allReduceInPlace(sumExp, *tp, ReduceOp::kSum);
-    at::Tensor loss = sumExp.log() - predicted;
+    at::Tensor loss = (sumExp.log() - predicted).to(torch::kFloat32);
 
     x.div_(sumExp.unsqueeze(1));  // softmax over the whole vocabulary, this rank's slice
     ctx->save_for_backward({x, local, inRange});
@@ -72,29 +73,32 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     grad.mul_(grads[0].reshape({-1, 1}).to(grad.scalar_type()));
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     grad = grad.view(ctx->saved_data["shape"].toIntVector()).to(dtype);
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets, int64_t validVocab,
-                                     const TensorParallelState* tp) {
+                                     const TensorParallelState* tp, bool inLogitsDtype) {
   PTRAIN_CHECK(logits.dim() == targets.dim() + 1, "vocabParallelCrossEntropy: logits ", logits.sizes(),
                " do not match targets ", targets.sizes());
+  const bool lowPrecision = inLogitsDtype && logits.scalar_type() != torch::kFloat64 &&
+                            !computeInFloat32(HostOp::kCrossEntropy, logits);
+  const at::ScalarType computeDtype = lowPrecision ? logits.scalar_type() : torch::kFloat32;
   if (!isActive(tp)) {
     PTRAIN_CHECK(validVocab >= 1 && validVocab <= logits.size(-1), "vocabParallelCrossEntropy: validVocab ",
                  validVocab, " for ", logits.size(-1), " logits");
     const int64_t v = validVocab;
     at::Tensor x = v < logits.size(-1) ? logits.narrow(-1, 0, v) : logits;
     at::Tensor perToken = torch::nn::functional::cross_entropy(
-        x.reshape({-1, v}).to(torch::kFloat32), targets.reshape({-1}),
+        x.reshape({-1, v}).to(computeDtype), targets.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    return perToken.view(targets.sizes());
+    return perToken.to(torch::kFloat32).view(targets.sizes());
   }
   PTRAIN_CHECK(validVocab >= 1 && validVocab <= logits.size(-1) * tp->size, "vocabParallelCrossEntropy: validVocab ",
                validVocab, " for ", logits.size(-1), " x ", tp->size, " logits");
-  return VocabParallelCrossEntropyFn::apply(logits, targets, validVocab, tp);
+  return VocabParallelCrossEntropyFn::apply(logits, targets, validVocab, tp, computeDtype);
 }
 
 at::Tensor vocabParallelArgmax(const at::Tensor& logits, int64_t validVocab, const TensorParallelState* tp) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "host_blas.h"
+#include "ptrain/nn/host_fallback.h"
 
 namespace ptrain::nn {
 namespace {
@@ -110,6 +111,10 @@ bool setHostKernels(bool enabled) {
 bool hostKernelsEnabled() { return enabledFlag.load(std::memory_order_relaxed); }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (computeInFloat32(HostOp::kLinear, x)) {
+    return linear(x.to(at::kFloat), weight.to(at::kFloat), bias.defined() ? bias.to(at::kFloat) : bias)
+        .to(x.scalar_type());
+  }
   if (!hostLinearApplies(x, weight, bias)) return at::linear(x, weight, bias);
   std::vector<int64_t> outSizes = x.sizes().vec();
   outSizes.back() = weight.size(0);

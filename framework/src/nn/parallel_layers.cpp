@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "ptrain/nn/host_fallback.h"
 #include "ptrain/nn/host_kernels.h"
 
 namespace ptrain::nn {
@@ -104,6 +105,9 @@ std::vector<std::pair<std::string, int>> VocabParallelEmbeddingImpl::splitParame
 
 at::Tensor shardedDropout(const at::Tensor& shard, double p, bool training, int64_t dim, int numShards, int index) {
   if (!training || p <= 0 || shard.numel() == 0) return shard;
+  if (computeInFloat32(HostOp::kDropout, shard)) {
+    return shardedDropout(shard.to(at::kFloat), p, training, dim, numShards, index).to(shard.scalar_type());
+  }
   if (numShards <= 1) return torch::dropout(shard, p, true);
   PTRAIN_CHECK(index >= 0 && index < numShards, "shardedDropout: shard ", index, " of ", numShards);
   const int64_t d = dim < 0 ? dim + shard.dim() : dim;

@@ -84,8 +84,14 @@ void describeCoreKeys(Schema& s) {
   s.add(key("communication.nccl", T::kMap, "",
             "NCCL environment variables (NCCL_SOCKET_IFNAME: eth0, ...) checked against NCCL's documented ones and exported to every worker; the environment wins (`ptrain keys --nccl` lists them)."));
 
-  s.add(reserved(key("precision.name", T::kString, "fp32", "Precision plugin that owns dtypes, master weights and loss scaling."),
-                 "bf16 and fp16 arrive with the precision plugins", {"fp32"}));
+  s.add(key("precision.name", T::kString, "fp32",
+            "Precision plugin: `fp32`; `bf16` (bf16 parameters and activations, fp32 master weights and gradient accumulation); `fp16` (the same in fp16, with a loss scale); or a plugin's name."));
+  s.add(atLeast(key("precision.loss_scale", T::kFloat, "0", "fp16: 0 scales the loss dynamically; a positive value is a constant scale."), 0));
+  s.add(above(key("precision.initial_loss_scale", T::kFloat, "4294967296", "fp16, dynamic: the scale of the first step (2^32)."), 0));
+  s.add(above(key("precision.min_loss_scale", T::kFloat, "1", "fp16, dynamic: the scale never backs off below this."), 0));
+  s.add(atLeast(key("precision.loss_scale_window", T::kInt, "1000", "fp16, dynamic: clean steps in a row before the scale doubles."), 1));
+  s.add(atLeast(key("precision.hysteresis", T::kInt, "2", "fp16, dynamic: overflowing steps tolerated before the scale halves."), 1));
+  s.add(key("precision.fp16_lm_cross_entropy", T::kBool, "false", "fp16: the output projection's cross-entropy in fp16 (true) or fp32 (false)."));
 
   s.add(oneOf(key("cpu.allocator", T::kString, "caching",
                   "Host memory for tensors: `caching` keeps freed blocks for reuse (no page faults once sizes repeat), `system` calls malloc and free for each."),

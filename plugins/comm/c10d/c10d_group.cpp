@@ -214,6 +214,25 @@ void checkTensor(const GroupState& g, const char* op, const at::Tensor& t, const
                   "cast it (e.g. to float32) before communicating");
 }
 
+// A floating dtype the backend cannot reduce (bf16 on Gloo) is reduced as a
+// float32 copy and rounded back once: the sum of the bf16 values, exactly as
+// far as float32 holds it.
+bool widens(const GroupState& g, const at::Tensor& t) {
+  return t.defined() && at::isFloatingType(t.scalar_type()) && !g.traits->reduces(t.scalar_type()) &&
+         g.traits->reduces(at::kFloat);
+}
+
+// Collectives that only move values (all-gather, all-to-all, broadcast) take
+// a dtype the backend does not know as one of the same width it does (bf16
+// as fp16 on Gloo): the bits travel unchanged.
+at::Tensor movable(const GroupState& g, const at::Tensor& t) {
+  if (!t.defined() || g.traits->reduces(t.scalar_type())) return t;
+  for (at::ScalarType d : {at::kHalf, at::kFloat, at::kDouble, at::kByte, at::kChar, at::kInt, at::kLong}) {
+    if (g.traits->reduces(d) && c10::elementSize(d) == t.element_size()) return t.view(d);
+  }
+  return t;
+}
+
 void checkSameDtype(const GroupState& g, const char* op, const at::Tensor& a, const at::Tensor& b) {
   PTRAIN_CHECK_AS(CommError, a.scalar_type() == b.scalar_type(), g.where(op), ": output has dtype ", a.scalar_type(),
                   " but input has ", b.scalar_type());
@@ -290,11 +309,18 @@ std::shared_ptr<Work> C10dProcessGroup::done(const char* op) {
 
 std::shared_ptr<Work> C10dProcessGroup::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
   const char* op = "allreduce";
-  checkTensor(*state_, op, tensor, "tensor");
+  const bool wide = widens(*state_, tensor);
+  checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/wide);
   if (tensor.numel() == 0 && state_->traits->skip_empty) return done(op);
+  // What the backend reduces: the tensor itself, or its float32 copy.
+  at::Tensor reduced = wide ? tensor.to(at::kFloat) : tensor;
   std::function<void()> finish;
-  if (opts.op == ReduceOp::kAvg && !state_->traits->native_avg) {
-    finish = [t = tensor, n = state_->size]() mutable { divideInPlace(t, n); };
+  const bool divide = opts.op == ReduceOp::kAvg && !state_->traits->native_avg;
+  if (divide || wide) {
+    finish = [t = tensor, reduced, divide, n = state_->size]() mutable {
+      if (divide) divideInPlace(reduced, n);
+      if (!t.is_same(reduced)) t.copy_(reduced);
+    };
   }
   return issue(
       op, opts.timeout,
@@ -302,7 +328,7 @@ std::shared_ptr<Work> C10dProcessGroup::allreduce(at::Tensor& tensor, const Allr
         c10d::AllreduceOptions o;
         o.reduceOp = toC10d(opts.op, *state_->traits);
         o.timeout = c10dTimeout(opts.timeout);
-        std::vector<at::Tensor> tensors{tensor};
+        std::vector<at::Tensor> tensors{reduced};
         return pg_->allreduce(tensors, o);
       },
       std::move(finish));
@@ -310,8 +336,8 @@ std::shared_ptr<Work> C10dProcessGroup::allreduce(at::Tensor& tensor, const Allr
 
 std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::Tensor& input, Timeout timeout) {
   const char* op = "allgather";
-  checkTensor(*state_, op, input, "input");
-  checkTensor(*state_, op, output, "output");
+  checkTensor(*state_, op, input, "input", /*anyDtype=*/true);
+  checkTensor(*state_, op, output, "output", /*anyDtype=*/true);
   checkSameDtype(*state_, op, output, input);
   const int64_t n = input.numel();
   PTRAIN_CHECK_AS(CommError, output.numel() == n * state_->size, state_->where(op), ": output has ", output.numel(),
@@ -320,10 +346,10 @@ std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::
   return issue(op, timeout, [&] {
     // Gloo gathers into one buffer per rank; views of the output's dim-0
     // blocks receive them without an extra allocation on our side.
-    at::Tensor flat = output.view({-1});
+    at::Tensor flat = movable(*state_, output).view({-1});
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int i = 0; i < state_->size; ++i) outputs[0].push_back(flat.narrow(0, i * n, n).view(input.sizes()));
-    std::vector<at::Tensor> inputs{input};
+    std::vector<at::Tensor> inputs{movable(*state_, input)};
     c10d::AllgatherOptions o;
     o.timeout = c10dTimeout(timeout);
     return pg_->allgather(outputs, inputs, o);
@@ -338,8 +364,9 @@ std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::
 std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input,
                                                       const ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter";
-  checkTensor(*state_, op, input, "input");
-  checkTensor(*state_, op, output, "output");
+  const bool wide = widens(*state_, input);
+  checkTensor(*state_, op, input, "input", /*anyDtype=*/wide);
+  checkTensor(*state_, op, output, "output", /*anyDtype=*/wide);
   checkSameDtype(*state_, op, output, input);
   const int64_t n = output.numel();
   const int size = state_->size;
@@ -357,9 +384,10 @@ std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const 
     });
   }
   at::Tensor received = at::empty({input.numel()}, input.options());
-  auto finish = [received, out = output, size, reduce = opts.op]() mutable {
-    at::Tensor blocks = received.view({size, -1});
-    at::Tensor flat = out.view({-1});
+  auto finish = [received, out = output, size, reduce = opts.op, wide]() mutable {
+    // A dtype the backend cannot reduce is summed in float32, as allreduce does.
+    at::Tensor blocks = wide ? received.view({size, -1}).to(at::kFloat) : received.view({size, -1});
+    at::Tensor flat = wide ? at::empty({out.numel()}, blocks.options()) : out.view({-1});
     flat.copy_(blocks[0]);
     for (int j = 1; j < size; ++j) {
       at::Tensor block = blocks[j];
@@ -372,22 +400,24 @@ std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const 
       }
     }
     if (reduce == ReduceOp::kAvg) divideInPlace(flat, size);
+    if (wide) out.view({-1}).copy_(flat);
   };
   return issue(
       op, opts.timeout,
       [&] {
-        at::Tensor in = input.view({-1});
+        at::Tensor in = movable(*state_, input).view({-1});
+        at::Tensor into = movable(*state_, received);
         std::vector<int64_t> equal;  // empty: equal splits
         c10d::AllToAllOptions o;
         o.timeout = c10dTimeout(opts.timeout);
-        return pg_->alltoall_base(received, in, equal, equal, o);
+        return pg_->alltoall_base(into, in, equal, equal, o);
       },
       std::move(finish));
 }
 
 std::shared_ptr<Work> C10dProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   const char* op = "broadcast";
-  checkTensor(*state_, op, tensor, "tensor");
+  checkTensor(*state_, op, tensor, "tensor", /*anyDtype=*/true);
   PTRAIN_CHECK_AS(CommError, opts.root >= 0 && opts.root < state_->size, state_->where(op), ": root ", opts.root,
                   " is not a rank of this group (ranks 0..", state_->size - 1, ")");
   if (tensor.numel() == 0 && state_->traits->skip_empty) return done(op);
@@ -396,7 +426,7 @@ std::shared_ptr<Work> C10dProcessGroup::broadcast(at::Tensor& tensor, const Broa
     o.rootRank = opts.root;
     o.rootTensor = 0;
     o.timeout = c10dTimeout(opts.timeout);
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{movable(*state_, tensor)};
     return pg_->broadcast(tensors, o);
   });
 }
@@ -404,8 +434,8 @@ std::shared_ptr<Work> C10dProcessGroup::broadcast(at::Tensor& tensor, const Broa
 std::shared_ptr<Work> C10dProcessGroup::allToAll(at::Tensor& output, const at::Tensor& input,
                                                  const AllToAllOptions& opts) {
   const char* op = "all_to_all";
-  checkTensor(*state_, op, input, "input");
-  checkTensor(*state_, op, output, "output");
+  checkTensor(*state_, op, input, "input", /*anyDtype=*/true);
+  checkTensor(*state_, op, output, "output", /*anyDtype=*/true);
   checkSameDtype(*state_, op, output, input);
   PTRAIN_CHECK_AS(CommError, input.dim() >= 1 && output.dim() >= 1, state_->where(op),
                   ": input and output need at least one dimension (rows are split over ranks)");
@@ -419,12 +449,13 @@ std::shared_ptr<Work> C10dProcessGroup::allToAll(at::Tensor& output, const at::T
   // Zero-element exchanges are not skipped: only this rank's side is empty,
   // its peers still take part.
   return issue(op, opts.timeout, [&] {
-    at::Tensor in = input;
+    at::Tensor in = movable(*state_, input);
+    at::Tensor out = movable(*state_, output);
     std::vector<int64_t> outCounts = opts.output_split_sizes;
     std::vector<int64_t> inCounts = opts.input_split_sizes;
     c10d::AllToAllOptions o;
     o.timeout = c10dTimeout(opts.timeout);
-    return pg_->alltoall_base(output, in, outCounts, inCounts, o);
+    return pg_->alltoall_base(out, in, outCounts, inCounts, o);
   });
 }
 

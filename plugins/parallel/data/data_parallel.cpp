@@ -84,10 +84,6 @@ class DataParallel final : public ParallelPlugin {
         used += bytes;
         hookParam(p, sets_.size() - 1, set.buckets.size() - 1);
       }
-      for (auto& b : set.buckets) {
-        const int64_t n = b.offsets.back() + b.params.back().numel();
-        b.buffer = torch::empty({n}, b.params.front().options().requires_grad(false));
-      }
       logger()->debug("data parallel over {}: {} buckets of up to {} MiB", set.group->name(), set.buckets.size(),
                       bucketBytes_ >> 20);
     }
@@ -165,6 +161,19 @@ class DataParallel final : public ParallelPlugin {
   void launch(size_t setIndex, int index) {
     ReduceSet& set = sets_[setIndex];
     Bucket& b = set.buckets[index];
+    // The buffer takes the gradients' dtype (float32 main gradients under
+    // bf16 and fp16, which the precision plugin creates before backward).
+    at::ScalarType dtype = b.params.front().scalar_type();
+    for (const auto& p : b.params) {
+      if (p.grad().defined()) {
+        dtype = p.grad().scalar_type();
+        break;
+      }
+    }
+    if (!b.buffer.defined() || b.buffer.scalar_type() != dtype) {
+      const int64_t n = b.offsets.back() + b.params.back().numel();
+      b.buffer = torch::empty({n}, b.params.front().options().dtype(dtype).requires_grad(false));
+    }
     for (size_t i = 0; i < b.params.size(); ++i) {
       const auto& p = b.params[i];
       auto slice = b.buffer.narrow(0, b.offsets[i], p.numel());

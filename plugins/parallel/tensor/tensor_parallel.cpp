@@ -53,7 +53,10 @@ class TensorParallel final : public ParallelPlugin {
     if (partial_.empty()) return;
     int64_t total = 0;
     for (const auto& p : partial_) total += p.numel();
-    at::Tensor buffer = torch::empty({total}, partial_.front().options().requires_grad(false));
+    // In the gradients' dtype: float32 main gradients under bf16 and fp16.
+    const at::Tensor& first = partial_.front();
+    const auto dtype = first.grad().defined() ? first.grad().scalar_type() : first.scalar_type();
+    at::Tensor buffer = torch::empty({total}, first.options().dtype(dtype).requires_grad(false));
     int64_t offset = 0;
     for (const auto& p : partial_) {
       auto slice = buffer.narrow(0, offset, p.numel());

@@ -83,7 +83,8 @@ class PTRAIN_API TrainingSession {
   at::Device device() const { return device_; }
 
   // Options of the recipe's own model: named "model", on the recipe's
-  // layout, device and seed, with its optimizer and parallel.* options.
+  // layout, device, seed and precision, with its optimizer and parallel.*
+  // options.
   RuntimeOptions runtimeOptions() const;
   // A runtime built by the trainer's buildModel (collective).
   std::unique_ptr<ModelRuntime> makeRuntime(RuntimeOptions options);

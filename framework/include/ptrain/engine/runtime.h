@@ -11,9 +11,14 @@
 //   3. torch's generator is seeded with `seed` and the factory builds those
 //      parts; every parameter draws its values from its own stream, so every
 //      layout starts from the single-rank weights;
-//   4. each plugin applies itself in order, recording placements;
-//   5. the optimizer takes the parameters this rank holds (none when the
-//      model is not trained, e.g. a frozen reference or a rollout copy).
+//   4. the precision plugin (engine/precision.h) casts the model to its dtype;
+//   5. each parallel plugin applies itself in order, recording placements;
+//   6. the optimizer takes the parameters this rank holds (none when the
+//      model is not trained, e.g. a frozen reference or a rollout copy),
+//      with float32 master weights when the precision plugin asks for them.
+//
+// Step hooks run in this order: the precision plugin, the parallel plugins
+// (tensor, expert, pipeline, data), then hooks added with addHooks.
 //
 // The default training loop (engine.h, train()) drives one runtime. A task
 // may drive several on different layouts of the same ranks (an actor, a
@@ -45,6 +50,7 @@ namespace ptrain {
 class Communicator;
 class LayoutGroups;
 class ParallelPlugin;
+class PrecisionPlugin;
 class PluginRegistry;
 class Plugin;
 class Recipe;
@@ -61,6 +67,7 @@ struct RuntimeOptions {
   ParallelLayout layout{LayoutSizes{}};  // over the communicator's world
   at::Device device{at::kCPU};
   uint64_t seed = 0;           // torch's generator is seeded with it before the model is built
+  std::string precision = "fp32";  // the precision plugin (precision.name)
   // Options the parallel plugins read (parallel.*); null: their defaults.
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).
@@ -99,6 +106,7 @@ class PTRAIN_API ModelRuntime {
   // Null when the model is not trained.
   Optimizer* optimizer() { return optimizer_.get(); }
   const std::vector<ParallelPlugin*>& parallelPlugins() const { return parallel_; }
+  PrecisionPlugin& precision() { return *precision_; }
 
   // Adds hooks after the parallel plugins (precision, offload, a test's).
   // Before the first step.
@@ -124,7 +132,8 @@ class PTRAIN_API ModelRuntime {
   // Checkpoint share (collective over the world): this runtime's parameters
   // and optimizer state, gathered full-size to the world's rank 0 (other
   // ranks get empty lists). Names are parameter names; optimizer entries
-  // "<slot>.<param>".
+  // "<slot>.<param>", and the precision plugin's state (the loss scaler)
+  // "precision.<name>".
   struct Tensors {
     std::vector<std::pair<std::string, at::Tensor>> parameters;
     std::vector<std::pair<std::string, at::Tensor>> optimizer;
@@ -151,6 +160,7 @@ class PTRAIN_API ModelRuntime {
   std::shared_ptr<const LayoutGroups> groups_;
   std::vector<std::unique_ptr<Plugin>> pluginObjects_;
   std::vector<ParallelPlugin*> parallel_;
+  PrecisionPlugin* precision_ = nullptr;  // owned by pluginObjects_
   std::vector<std::shared_ptr<StepHooks>> extraHooks_;
   std::vector<StepHooks*> hooks_;  // parallel plugins, then the extra hooks
   bool observeBlocks_ = false;

@@ -20,13 +20,17 @@
 
 namespace ptrain::nn {
 
-// Per-token cross-entropy, shape of `targets`, in float32 (logits are cast).
+// Per-token cross-entropy, shape of `targets`, computed in float32 (the
+// logits are cast) unless `inLogitsDtype` (Megatron's fp16_lm_cross_entropy:
+// the softmax and the loss in the logits' half precision, where the host
+// has kernels for it, host_fallback.h). The result is float32 either way.
 // logits [..., k] of this rank's vocabulary slice; targets [...] int64 ids in
 // [0, validVocab). `tp` null or of size 1: logits hold the whole (padded)
 // vocabulary, and the result is torch's cross_entropy over its first
 // validVocab entries.
 PTRAIN_API at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
-                                                int64_t validVocab, const TensorParallelState* tp);
+                                                int64_t validVocab, const TensorParallelState* tp,
+                                                bool inLogitsDtype = false);
 
 // The id of the largest logit over the whole vocabulary (first one on ties,
 // as torch's argmax; padding never), shape of logits without the last
