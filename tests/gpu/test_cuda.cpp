@@ -7,12 +7,17 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
 #include <map>
 #include <string>
 
 #include "ptrain/engine/device.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/nn/attention.h"
+#include "ptrain/nn/fused.h"
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -159,4 +164,49 @@ TEST(Cuda, NcclCollectivesAreExact) {
                                    {}, 180);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("backend nccl"), std::string::npos) << r.output;
+}
+
+// The fused kernels' CUDA versions (fused_kernels.cu) against the host
+// kernels on the same values, forward and backward, in float32 and bf16.
+TEST(Cuda, FusedKernelsMatchTheHostKernels) {
+  SKIP_WITHOUT_CUDA();
+  using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+  auto compare = [](const Fn& fn, const std::vector<at::Tensor>& inputs, at::ScalarType dtype, double tol,
+                    const std::string& what) {
+    std::vector<at::Tensor> host, device;
+    for (const auto& t : inputs) {
+      host.push_back(t.to(dtype).detach().requires_grad_(true));
+      device.push_back(t.to(dtype).to(at::kCUDA).detach().requires_grad_(true));
+    }
+    auto outHost = fn(host), outDevice = fn(device);
+    at::Tensor lossHost = torch::zeros({}), lossDevice = torch::zeros({}, at::kCUDA);
+    for (size_t i = 0; i < outHost.size(); ++i) {
+      EXPECT_LT(maxRelDiff(outDevice[i], outHost[i]), tol) << what << " output " << i;
+      at::Tensor up = torch::sin(torch::arange(outHost[i].numel(), torch::kFloat) * 0.37).view(outHost[i].sizes());
+      lossHost = lossHost + (outHost[i].to(at::kFloat) * up).sum();
+      lossDevice = lossDevice + (outDevice[i].to(at::kFloat) * up.to(at::kCUDA)).sum();
+    }
+    lossHost.backward();
+    lossDevice.backward();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_LT(maxRelDiff(device[i].grad(), host[i].grad()), tol) << what << " gradient " << i;
+    }
+  };
+  torch::manual_seed(7);
+  at::Tensor mask = torch::full({5, 7}, -std::numeric_limits<float>::infinity()).triu(3);
+  mask[2].fill_(-std::numeric_limits<float>::infinity());
+  for (auto [dtype, tol] : {std::pair<at::ScalarType, double>{at::kFloat, 1e-5}, {at::kBFloat16, 2e-2}}) {
+    compare([&](const auto& in) { return std::vector<at::Tensor>{ptrain::nn::fusedMaskedSoftmax(in[0], 0.3, mask.to(in[0].device()))}; },
+            {torch::randn({3, 5, 7})}, dtype, tol, "masked softmax");
+    compare([](const auto& in) { return std::vector<at::Tensor>{ptrain::nn::fusedBiasGelu(in[0], in[1])}; },
+            {torch::randn({9, 33}), torch::randn({33})}, dtype, tol, "bias gelu");
+    at::Tensor noise = ptrain::nn::dropoutNoise(torch::empty({9, 33}), 0.25);
+    compare([&](const auto& in) {
+      return std::vector<at::Tensor>{ptrain::nn::fusedBiasDropoutAdd(in[0], in[1], in[2], noise.to(in[0].device(), in[0].scalar_type()))};
+    }, {torch::randn({9, 33}), torch::randn({33}), torch::randn({9, 33})}, dtype, tol, "bias dropout add");
+    compare([](const auto& in) {
+      auto [y, sum] = ptrain::nn::fusedAddLayerNorm(in[0], in[1], in[2], in[3], 1e-5);
+      return std::vector<at::Tensor>{y, sum};
+    }, {torch::randn({9, 65}), torch::randn({9, 65}), torch::randn({65}), torch::randn({65})}, dtype, tol, "add layernorm");
+  }
 }

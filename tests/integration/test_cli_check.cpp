@@ -174,7 +174,7 @@ TEST(CliCheck, ReservedKeysRefuseWhatIsNotBuilt) {
                   "evaluation, e.g. the llm trainer's data.eval_size); remove it"});
   std::string ok = dir.write("ok.yaml", kValid);
   test::ProcessResult r = runPtrain(
-      {"check", ok, "offload.params=false", "precision.name=fp32", "device=cpu", "fusion.cross_entropy=false"},
+      {"check", ok, "offload.params=false", "precision.name=fp32", "device=cpu", "fusion.layernorm=true"},
       {}, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(lines(r.output).at(0), ok + ": OK") << r.output;

@@ -278,8 +278,6 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
                                      "exists); remove it or set false"});
   EXPECT_EQ(problemsOf(kMinimal, {"fusion.masked_softmax=yes", "train.eval_batches=8"}),
             (std::vector<std::string>{
-                "<command line>: fusion.masked_softmax: yes is not implemented yet (no fused kernel exists); remove "
-                "it or set false",
                 "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "
                 "llm trainer's data.eval_size); remove it"}));
   // Through validate(): the first problem, as for any other mistake.

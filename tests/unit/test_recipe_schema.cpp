@@ -325,9 +325,7 @@ TEST(RecipeSchema, CoreReservedKeys) {
   Schema s = coreSchema();
   const std::vector<std::pair<const char*, std::vector<std::string>>> reserved = {
       {"offload.params", {"false"}},
-      {"offload.optimizer", {"false"}},      {"fusion.bias_gelu", {"false"}},
-      {"fusion.bias_dropout_add", {"false"}}, {"fusion.masked_softmax", {"false"}},
-      {"fusion.cross_entropy", {"false"}},   {"train.eval_batches", {}},
+      {"offload.optimizer", {"false"}},      {"train.eval_batches", {}},
   };
   for (const auto& [path, accepts] : reserved) {
     const KeySpec* k = s.find(path);

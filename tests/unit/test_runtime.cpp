@@ -487,7 +487,8 @@ TEST(Placement, EachValueIsCountedInTheNormByOneRank) {
 // ---- several ranks: the GPT of the llm trainer ----
 
 // Each parallel plugin through the runtime, in forked ranks: three steps of
-// a layout against the same steps of the whole model on one rank.
+// a layout with every fused kernel on (fusion.*) against the same steps of the
+// whole model on one rank without them.
 struct LayoutCase {
   int world, tp, pp;
   bool sequenceParallel;
@@ -498,12 +499,20 @@ class RuntimeLayouts : public ::testing::TestWithParam<LayoutCase> {};
 TEST_P(RuntimeLayouts, ThreeStepsMatchOneRank) {
   const LayoutCase c = GetParam();
   std::string failures = test::runRanks(c.world, [c](int rank, int size, int port) {
+    std::vector<double> reference;
+    {
+      llm::LlmTrainer unfused{PluginContext{}};
+      Recipe plain = llmRecipe(unfused, {});
+      unfused.setup(plain);
+      reference = singleRankLosses(unfused, plain);
+    }
     llm::LlmTrainer trainer{PluginContext{}};
     Recipe recipe = llmRecipe(trainer, {"parallel.tensor_model_parallel_size=" + std::to_string(c.tp),
                                         "parallel.pipeline_model_parallel_size=" + std::to_string(c.pp),
-                                        std::string("parallel.sequence_parallel=") + (c.sequenceParallel ? "true" : "false")});
+                                        std::string("parallel.sequence_parallel=") + (c.sequenceParallel ? "true" : "false"),
+                                        "fusion.masked_softmax=true", "fusion.bias_gelu=true", "fusion.layernorm=true",
+                                        "fusion.bias_dropout_add=true"});
     trainer.setup(recipe);
-    const std::vector<double> reference = singleRankLosses(trainer, recipe);
     auto comm = worldOf(rank, size, port, layoutOf(c.world, c.tp, c.pp));
     ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
                     llmOptions(recipe, comm->layout(), true));

@@ -10,8 +10,10 @@
 // count 6 x params x tokens plus attention (12 x layers x hidden x seq per
 // token), and are compared with this machine's fp32 matmul peak measured here.
 // Then the large model at tp=2 beside tp=1, and the measured pipeline bubble
-// at pp=2 and pp=4 beside its formula. `ptrain_bench [eager|tensor|pipeline]`
-// runs only the sections named.
+// at pp=2 and pp=4 beside its formula. Then, for both sizes, fp32 / bf16 /
+// fp16 with every fusion off and on: ATen operators dispatched per step
+// (log.count_ops), step time and peak RSS, and what each fusion alone saves.
+// `ptrain_bench [eager|tensor|pipeline|fusion]` runs only the sections named.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +73,7 @@ struct PtrainRun {
   double pp_bubble = 0;
   double pp_bubble_formula = 0;
   int pp_inflight = 0;
+  double ops = 0;  // median aten_ops per step (with log.count_ops=true)
 };
 
 PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int nproc,
@@ -85,7 +88,7 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
       << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
   capture(cmd.str());
   PtrainRun run;
-  std::vector<double> stepTimes, bubbles;
+  std::vector<double> stepTimes, bubbles, ops;
   std::ifstream metrics(runDir + "/metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {
@@ -94,6 +97,7 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
     if (j["step"].get<int>() > warmup) {
       stepTimes.push_back(j["step_time_s"].get<double>());
       if (j.contains("pp_bubble")) bubbles.push_back(j["pp_bubble"].get<double>());
+      if (j.contains("aten_ops")) ops.push_back(j["aten_ops"].get<double>());
     }
     run.rss_mb = std::max(run.rss_mb, j["peak_rss_mb"].get<double>());
     if (j.contains("tp_comm_bytes")) run.tp_bytes = j["tp_comm_bytes"].get<double>();
@@ -103,6 +107,7 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
   fs::remove_all(runDir);
   run.step_s = median(stepTimes);
   run.pp_bubble = median(bubbles);
+  run.ops = ops.empty() ? 0 : median(ops);
   return run;
 }
 
@@ -156,8 +161,8 @@ int main(int argc, char** argv) {
   // `build/bin/ptrain_bench pipeline`.
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
-    if (name != "eager" && name != "tensor" && name != "pipeline") {
-      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor or pipeline (default: all)\n",
+    if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion") {
+      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline or fusion (default: all)\n",
                    name.c_str());
       return 2;
     }
@@ -263,6 +268,41 @@ int main(int argc, char** argv) {
     }
     std::printf("(bubble: idle / busy time per stage, mean over stages; formula (pp-1)/m, interleaved (pp-1)/(vpp m);\n"
                 " in flight: most micro-batches (chunks x micro-batches when interleaved) with live activations on a stage)\n");
+  }
+
+  // Fused kernels and precisions: one process per run, dropout on (so the
+  // bias-dropout-add fusion has work), the ATen operators of each step
+  // counted by log.count_ops.
+  if (runs("fusion")) {
+    const std::string kAllFusions =
+        "fusion.masked_softmax=true fusion.bias_gelu=true fusion.layernorm=true fusion.bias_dropout_add=true";
+    const std::string common = "model.dropout=0.1 log.count_ops=true";
+    auto precisionOverrides = [](const std::string& p) {
+      // fp16 from a scale that fits: the default 2^32 would skip the first steps.
+      return "precision.name=" + p + (p == "fp16" ? " precision.initial_loss_scale=1024" : "");
+    };
+    std::printf("\nfused kernels and precision (one process; per training step: ATen ops, step s, peak RSS MB):\n");
+    std::printf("%-6s %-5s | %9s %8s %8s | %9s %8s %8s | %9s %8s\n", "model", "prec", "ops off", "step s", "RSS MB",
+                "ops on", "step s", "RSS MB", "fewer ops", "speed-up");
+    for (const auto& s : sizes) {
+      for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+        const std::string base = common + " " + precisionOverrides(precision);
+        PtrainRun off = runPtrain(binary, source, s, warmup, 1, base);
+        PtrainRun on = runPtrain(binary, source, s, warmup, 1, base + " " + kAllFusions);
+        std::printf("%-6s %-5s | %9.0f %8.3f %8.0f | %9.0f %8.3f %8.0f | %8.1f%% %7.2fx\n", s.name.c_str(),
+                    precision.c_str(), off.ops, off.step_s, off.rss_mb, on.ops, on.step_s, on.rss_mb,
+                    100.0 * (1.0 - on.ops / off.ops), off.step_s / on.step_s);
+      }
+    }
+    const GptSize& s = sizes.front();
+    std::printf("\neach fusion alone, %s model, fp32:\n%-18s %9s %10s %8s\n", s.name.c_str(), "fusion", "ops",
+                "fewer ops", "step s");
+    PtrainRun none = runPtrain(binary, source, s, warmup, 1, common);
+    std::printf("%-18s %9.0f %10s %8.3f\n", "none", none.ops, "", none.step_s);
+    for (const char* f : {"masked_softmax", "bias_gelu", "layernorm", "bias_dropout_add"}) {
+      PtrainRun one = runPtrain(binary, source, s, warmup, 1, common + " fusion." + f + "=true");
+      std::printf("%-18s %9.0f %9.1f%% %8.3f\n", f, one.ops, 100.0 * (1.0 - one.ops / none.ops), one.step_s);
+    }
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
+#include "ptrain/nn/fused.h"
 #include "ptrain/nn/ops.h"
 
 namespace ptrain::llm {
@@ -55,9 +56,11 @@ at::Tensor GptEmbeddingImpl::forward(const at::Tensor& ids) {
 
 // ---- attention ----
 
-GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : head_dim_(c.headDim()), dropout_(c.dropout) {
+GptAttentionImpl::GptAttentionImpl(const GptConfig& c)
+    : head_dim_(c.headDim()), dropout_(c.dropout), fused_softmax_(c.fusion.masked_softmax) {
   qkv = register_module("qkv", nn::ColumnParallelLinear(c.hidden_size, 3 * c.hidden_size, true, c.init_std));
   proj = register_module("proj", nn::RowParallelLinear(c.hidden_size, c.hidden_size, true, residualStd(c)));
+  proj->skip_bias_add = c.fusion.bias_dropout_add;
 }
 
 at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
@@ -68,7 +71,18 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
   const int64_t length = qkvOut.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor mask = additiveMask.narrow(0, 0, length).narrow(1, 0, length);
-  if (dropout_ <= 0 || !is_training()) return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask));
+  if (dropout_ <= 0 || !is_training()) {
+    return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, fused_softmax_));
+  }
+  // Fused: the host kernel applies the dropout noise to the probabilities
+  // itself, drawn as dropProbs below would draw it.
+  if (fused_softmax_ && nn::hostAttentionApplies(qkvOut)) {
+    const int64_t batch = qkvOut.size(0), heads = qkvOut.size(2) / (3 * head_dim_);
+    at::Tensor like = torch::empty({batch, heads, length, length}, qkvOut.options());
+    at::Tensor noise = nn::isActive(tp_.get()) ? nn::dropoutNoise(like, dropout_, 1, tp_->size, tp_->rank)
+                                               : nn::dropoutNoise(like, dropout_);
+    return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, true, noise.view({batch * heads, length, length})));
+  }
   // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
   // sample: draw the mask of all heads and keep those.
   auto dropProbs = [&](const at::Tensor& probs) {
@@ -77,21 +91,25 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
     return nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
         .view({batch * heads, length, length});
   };
-  return proj(nn::batchedAttention(qkvOut, head_dim_, scale, mask, dropProbs));
+  return proj(nn::batchedAttention(qkvOut, head_dim_, scale, mask, dropProbs, fused_softmax_));
 }
 
 // ---- MLP ----
 
-GptMlpImpl::GptMlpImpl(const GptConfig& c) {
+GptMlpImpl::GptMlpImpl(const GptConfig& c) : fused_bias_gelu_(c.fusion.bias_gelu) {
   fc1 = register_module("fc1", nn::ColumnParallelLinear(c.hidden_size, c.ffnSize(), true, c.init_std));
   fc2 = register_module("fc2", nn::RowParallelLinear(c.ffnSize(), c.hidden_size, true, residualStd(c)));
+  fc1->skip_bias_add = fused_bias_gelu_;
+  fc2->skip_bias_add = c.fusion.bias_dropout_add;
 }
 
-at::Tensor GptMlpImpl::forward(const at::Tensor& x) { return fc2(nn::gelu(fc1(x))); }
+at::Tensor GptMlpImpl::forward(const at::Tensor& x) {
+  return fc2(fused_bias_gelu_ ? nn::fusedBiasGelu(fc1(x), fc1->bias) : nn::gelu(fc1(x)));
+}
 
 // ---- block ----
 
-GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout) {
+GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout), fusion_(c.fusion) {
   ln1 = register_module("ln1", makeLayerNorm(c));
   attn = register_module("attn", GptAttention(c));
   ln2 = register_module("ln2", makeLayerNorm(c));
@@ -99,8 +117,33 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout) {
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
-  at::Tensor h = x + residualDropout(attn(layerNorm(ln1, x), additiveMask));
-  return h + residualDropout(mlp(layerNorm(ln2, h)));
+  at::Tensor a = attn(norm(ln1, x), additiveMask);
+  // h = x + dropout(a + proj bias), then ln2(h): fused as far as the recipe asks.
+  at::Tensor h, normed;
+  if (fusion_.bias_dropout_add) {
+    h = nn::fusedBiasDropoutAdd(a, attn->proj->bias, x, residualNoise(a));
+    normed = norm(ln2, h);
+  } else if (fusion_.layernorm) {
+    std::tie(normed, h) = nn::fusedAddLayerNorm(x, residualDropout(a), ln2->weight, ln2->bias, ln2->options.eps());
+  } else {
+    h = x + residualDropout(a);
+    normed = layerNorm(ln2, h);
+  }
+  at::Tensor m = mlp(normed);
+  if (fusion_.bias_dropout_add) return nn::fusedBiasDropoutAdd(m, mlp->fc2->bias, h, residualNoise(m));
+  return h + residualDropout(m);
+}
+
+at::Tensor GptBlockImpl::norm(const torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  if (!fusion_.layernorm) return layerNorm(ln, x);
+  return nn::fusedAddLayerNorm(x, at::Tensor(), ln->weight, ln->bias, ln->options.eps()).first;
+}
+
+at::Tensor GptBlockImpl::residualNoise(const at::Tensor& x) {
+  if (dropout_ <= 0 || !is_training()) return at::Tensor();
+  // As residualDropout draws it.
+  if (sequenceParallel(tp_)) return nn::dropoutNoise(x, dropout_, 1, tp_->size, tp_->rank);
+  return nn::dropoutNoise(x, dropout_);
 }
 
 void GptBlockImpl::setTensorParallel(TensorParallelStatePtr state) {
@@ -118,7 +161,8 @@ at::Tensor GptBlockImpl::residualDropout(const at::Tensor& x) {
 
 // ---- head ----
 
-GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbedding) {
+GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbedding)
+    : fused_layernorm_(c.fusion.layernorm) {
   ln_f = register_module("ln_f", makeLayerNorm(c));
   if (c.tie_embeddings) {
     tied_ = std::move(tiedEmbedding);
@@ -128,7 +172,9 @@ GptHeadImpl::GptHeadImpl(const GptConfig& c, nn::VocabParallelEmbedding tiedEmbe
 }
 
 at::Tensor GptHeadImpl::forward(const at::Tensor& hidden) {
-  at::Tensor x = layerNorm(ln_f, hidden);
+  at::Tensor x = fused_layernorm_
+                     ? nn::fusedAddLayerNorm(hidden, at::Tensor(), ln_f->weight, ln_f->bias, ln_f->options.eps()).first
+                     : layerNorm(ln_f, hidden);
   return lm ? lm(x) : tied_->projectToVocab(x);
 }
 

@@ -85,6 +85,14 @@ struct GptConfig {
   // The output projection's cross-entropy in the logits' dtype (fp16) rather
   // than float32 (Megatron's fp16_lm_cross_entropy).
   bool fp16_lm_cross_entropy = false;
+  // Fused kernels (recipe section `fusion`, ptrain/nn/fused.h). The same
+  // function either way, to float rounding.
+  struct Fusion {
+    bool masked_softmax = false;    // attention: mask, scale and softmax in one pass
+    bool bias_gelu = false;         // mlp.fc1's bias add and the GELU
+    bool layernorm = false;         // every LayerNorm, with the residual add before ln2
+    bool bias_dropout_add = false;  // attn.proj's and mlp.fc2's bias, dropout and residual add
+  } fusion;
 
   int64_t ffnSize() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t headDim() const { return hidden_size / num_heads; }
@@ -118,6 +126,8 @@ TORCH_MODULE(GptEmbedding);
 class GptAttentionImpl : public torch::nn::Module {
  public:
   explicit GptAttentionImpl(const GptConfig& config);
+  // The output projection's bias is left out under fusion.bias_dropout_add
+  // (the block adds it, fused).
   // x [B, T, h] (a sequence shard under sequence parallelism); additiveMask
   // [T', T'] with T' >= T (0 on and below the diagonal, -inf above).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
@@ -129,6 +139,7 @@ class GptAttentionImpl : public torch::nn::Module {
  private:
   int64_t head_dim_;
   double dropout_;
+  bool fused_softmax_;
   TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptAttention);
@@ -136,10 +147,14 @@ TORCH_MODULE(GptAttention);
 class GptMlpImpl : public torch::nn::Module {
  public:
   explicit GptMlpImpl(const GptConfig& config);
+  // fc2's bias is left out under fusion.bias_dropout_add (the block adds it, fused).
   at::Tensor forward(const at::Tensor& x);
 
   nn::ColumnParallelLinear fc1{nullptr};
   nn::RowParallelLinear fc2{nullptr};
+
+ private:
+  bool fused_bias_gelu_;
 };
 TORCH_MODULE(GptMlp);
 
@@ -156,8 +171,12 @@ class GptBlockImpl : public torch::nn::Module {
 
  private:
   at::Tensor residualDropout(const at::Tensor& x);
+  // The noise residualDropout would multiply `x` by (undefined without dropout).
+  at::Tensor residualNoise(const at::Tensor& x);
+  at::Tensor norm(const torch::nn::LayerNorm& ln, const at::Tensor& x);
 
   double dropout_;
+  GptConfig::Fusion fusion_;
   TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptBlock);
@@ -175,6 +194,7 @@ class GptHeadImpl : public torch::nn::Module {
  private:
   // Not registered here: the tied weight is owned (and named) by embed.tokens.
   nn::VocabParallelEmbedding tied_{nullptr};
+  bool fused_layernorm_;
 };
 TORCH_MODULE(GptHead);
 

@@ -133,6 +133,10 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.tie_embeddings = recipe.getBool("model.tie_embeddings");
   // The precision plugin owns the dtypes; the loss's precision is the model's.
   c.fp16_lm_cross_entropy = recipe.getBool("precision.fp16_lm_cross_entropy");
+  c.fusion.masked_softmax = recipe.getBool("fusion.masked_softmax");
+  c.fusion.bias_gelu = recipe.getBool("fusion.bias_gelu");
+  c.fusion.layernorm = recipe.getBool("fusion.layernorm");
+  c.fusion.bias_dropout_add = recipe.getBool("fusion.bias_dropout_add");
   if (c.num_heads < 1 || c.hidden_size % c.num_heads != 0) {
     recipe.fail("model.hidden_size", std::to_string(c.hidden_size) + " is not a multiple of model.num_attention_heads=" +
                                          std::to_string(c.num_heads) + "; use e.g. " +

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -17,6 +18,7 @@
 #include "ptrain/core/resources.h"
 #include "ptrain/core/text.h"
 #include "ptrain/engine/device.h"
+#include "ptrain/engine/op_counter.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
@@ -137,6 +139,9 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
     return result;
   };
 
+  std::optional<OpCounter> opCounter;
+  if (recipe.getBool("log.count_ops")) opCounter.emplace();
+
   TrainSummary summary;
   double tokensTotal = 0, timeTotal = 0;
   while (step < steps) {
@@ -148,7 +153,9 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
     // Items the loss is averaged over, counted on the whole global batch so
     // every split of it normalises the same way.
     input.loss_divisor = trainer.lossCount(batch);
+    if (opCounter) opCounter->reset();
     StepResult result = runtime->step(input);
+    const int64_t ops = opCounter ? opCounter->count() : 0;
     ++step;
 
     const double stepTime = seconds(stepStart);
@@ -165,6 +172,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
                         {"step_time_s", stepTime},
                         {"peak_rss_mb", peakRssMb()}};
     if (!result.applied) line["skipped"] = true;
+    if (opCounter) line["aten_ops"] = ops;
     for (const auto& [k, v] : result.stats) line[k] = v;
     session.writeMetrics(line);
     progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps,

@@ -7,6 +7,7 @@
 
 #include "host_blas.h"
 #include "ptrain/core/torch_compat.h"
+#include "ptrain/nn/fused.h"
 #include "ptrain/nn/host_fallback.h"
 #include "ptrain/nn/host_kernels.h"
 
@@ -62,7 +63,7 @@ using torch::autograd::variable_list;
 
 struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t headDim, double scale,
-                            const at::Tensor& mask) {
+                            const at::Tensor& mask, bool fusedSoftmax, const at::Tensor& maybeNoise) {
     const HeadLayout L = layoutOf(qkv, headDim);
     const int64_t T = L.length, d = L.dim, BH = L.batch * L.heads;
     const float* x = qkv.data_ptr<float>();
@@ -75,10 +76,19 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
       gemm(false, true, r, T, d, alpha, q + r0 * L.qkvRow(), L.qkvRow(), q + d, L.qkvRow(), 0.0f,
            s + L.scoreOffset(bh) + r0 * T, T);
     });
-    scores.add_(mask);
-    at::Tensor probs = at::_softmax(scores, -1, false);
+    at::Tensor probs;
+    if (fusedSoftmax) {
+      // The scale is in the product already: mask and softmax in one pass.
+      probs = fusedMaskedSoftmax(scores, 1.0, mask);
+    } else {
+      scores.add_(mask);
+      probs = at::_softmax(scores, -1, false);
+    }
     scores = at::Tensor();
-    const float* p = probs.data_ptr<float>();
+    // Attention dropout: the values are weighted by the dropped probabilities.
+    const at::Tensor noise = maybeNoise.numel() > 0 ? maybeNoise.contiguous() : at::Tensor();
+    const at::Tensor weights = noise.defined() ? probs.mul(noise) : probs;
+    const float* p = weights.data_ptr<float>();
     at::Tensor out = at::empty({L.batch, T, L.outRow()}, qkv.options());
     float* o = out.data_ptr<float>();
     // out = P V, per head, written where the output projection reads it.
@@ -87,9 +97,10 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
       gemm(false, false, r, d, T, 1.0f, p + L.scoreOffset(bh) + r0 * T, T, v, L.qkvRow(), 0.0f,
            o + L.outOffset(bh) + r0 * L.outRow(), L.outRow());
     });
-    ctx->save_for_backward({qkv, probs});
+    ctx->save_for_backward({qkv, probs, noise.defined() ? noise : at::empty({0}, qkv.options())});
     ctx->saved_data["head_dim"] = headDim;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["fused_softmax"] = fusedSoftmax;
     return out;
   }
 
@@ -97,13 +108,16 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& qkv = saved[0];
     const at::Tensor& probs = saved[1];
+    const at::Tensor noise = saved[2].numel() > 0 ? saved[2] : at::Tensor();
+    // What weighted the values: the probabilities, dropped where dropout was.
+    const at::Tensor weights = noise.defined() ? probs.mul(noise) : probs;
     const int64_t headDim = ctx->saved_data["head_dim"].toInt();
     const auto alpha = static_cast<float>(ctx->saved_data["scale"].toDouble());
     const HeadLayout L = layoutOf(qkv, headDim);
     const int64_t T = L.length, d = L.dim, BH = L.batch * L.heads;
     const at::Tensor gradOut = grads[0].contiguous();
     const float* x = qkv.data_ptr<float>();
-    const float* p = probs.data_ptr<float>();
+    const float* p = weights.data_ptr<float>();
     const float* g = gradOut.data_ptr<float>();
     // Every query, key and value entry is written below: no zeroing needed.
     at::Tensor gradQkv = at::empty_like(qkv);
@@ -119,8 +133,12 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
       gemm(true, false, r, d, T, 1.0f, p + L.scoreOffset(bh) + r0, T, go, L.outRow(), 0.0f,
            gx + L.qkvOffset(bh) + 2 * d + r0 * L.qkvRow(), L.qkvRow());
     });
-    // Through the softmax (masked entries have P = 0, so their gradient is 0).
-    at::Tensor gradScores = at::_softmax_backward_data(gradProbs, probs, -1, probs.scalar_type());
+    // Through the dropout, then the softmax (masked entries have P = 0, so
+    // their gradient is 0).
+    if (noise.defined()) gradProbs.mul_(noise);
+    at::Tensor gradScores = ctx->saved_data["fused_softmax"].toBool()
+                                ? fusedMaskedSoftmaxBackward(gradProbs, probs, 1.0)
+                                : at::_softmax_backward_data(gradProbs, probs, -1, probs.scalar_type());
     gradProbs = at::Tensor();
     const float* gs = gradScores.data_ptr<float>();
     // dQ = scale dS K and dK = scale dS^T Q, per head.
@@ -132,7 +150,7 @@ struct HostAttentionFn : torch::autograd::Function<HostAttentionFn> {
       gemm(true, false, r, d, T, alpha, gs + L.scoreOffset(bh) + r0, T, q, L.qkvRow(), 0.0f,
            gq + d + r0 * L.qkvRow(), L.qkvRow());
     });
-    return {gradQkv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gradQkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -144,9 +162,9 @@ bool hostAttentionApplies(const at::Tensor& qkv) {
 }
 
 at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask,
-                            const std::function<at::Tensor(const at::Tensor&)>& dropProbs) {
+                            const std::function<at::Tensor(const at::Tensor&)>& dropProbs, bool fusedSoftmax) {
   if (computeInFloat32(HostOp::kAttention, qkv)) {
-    return batchedAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat), dropProbs)
+    return batchedAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat), dropProbs, fusedSoftmax)
         .to(qkv.scalar_type());
   }
   const int64_t batch = qkv.size(0), length = qkv.size(1), heads = qkv.size(2) / (3 * headDim);
@@ -157,9 +175,14 @@ at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale
   at::Tensor q = parts[0].reshape({batch * heads, length, headDim});
   at::Tensor k = parts[1].reshape({batch * heads, length, headDim});
   at::Tensor v = parts[2].reshape({batch * heads, length, headDim});
-  // One batched product that also applies the scale and adds the mask.
-  at::Tensor scores = torch::baddbmm(additiveMask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-  at::Tensor probs = torch::softmax(scores, -1);
+  at::Tensor probs;
+  if (fusedSoftmax) {
+    probs = fusedMaskedSoftmax(torch::bmm(q, k.transpose(1, 2)), scale, additiveMask);
+  } else {
+    // One batched product that also applies the scale and adds the mask.
+    at::Tensor scores = torch::baddbmm(additiveMask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+    probs = torch::softmax(scores, -1);
+  }
   if (dropProbs) probs = dropProbs(probs);
   return torch::bmm(probs, v)  // [B * heads, T, d]
       .view({batch, heads, length, headDim})
@@ -185,23 +208,31 @@ at::Tensor fusedDeviceAttention(const at::Tensor& qkv, int64_t headDim, double s
 #endif
 }
 
-at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask) {
+at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale, const at::Tensor& additiveMask,
+                              bool fusedSoftmax, const at::Tensor& probsNoise) {
   PTRAIN_CHECK(qkv.dim() == 3 && headDim > 0 && qkv.size(2) % (3 * headDim) == 0,
                "attention: qkv of shape ", qkv.sizes(), " is not [batch, length, heads * 3 * ", headDim, "]");
   PTRAIN_CHECK(additiveMask.dim() == 2 && additiveMask.size(0) == qkv.size(1) && additiveMask.size(1) == qkv.size(1),
                "attention: mask of shape ", additiveMask.sizes(), " for length ", qkv.size(1));
   if (computeInFloat32(HostOp::kAttention, qkv)) {
-    return multiHeadAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat)).to(qkv.scalar_type());
+    return multiHeadAttention(qkv.to(at::kFloat), headDim, scale, additiveMask.to(at::kFloat), fusedSoftmax,
+                              probsNoise.defined() ? probsNoise.to(at::kFloat) : probsNoise)
+        .to(qkv.scalar_type());
   }
   // The host kernel gives the mask no gradient: a learned mask takes libtorch's path.
   if (hostAttentionApplies(qkv) && additiveMask.is_cpu() && additiveMask.scalar_type() == at::kFloat &&
       !additiveMask.requires_grad()) {
-    return HostAttentionFn::apply(qkv, headDim, scale, additiveMask);
+    return HostAttentionFn::apply(qkv, headDim, scale, additiveMask, fusedSoftmax,
+                                  probsNoise.defined() ? probsNoise : at::empty({0}, qkv.options()));
+  }
+  if (probsNoise.defined()) {
+    return batchedAttention(qkv, headDim, scale, additiveMask, [&](const at::Tensor& probs) { return probs * probsNoise; },
+                            fusedSoftmax);
   }
   if (deviceAttentionApplies(qkv) && additiveMask.device() == qkv.device() && !additiveMask.requires_grad()) {
     return fusedDeviceAttention(qkv, headDim, scale, additiveMask);
   }
-  return batchedAttention(qkv, headDim, scale, additiveMask);
+  return batchedAttention(qkv, headDim, scale, additiveMask, {}, fusedSoftmax);
 }
 
 }  // namespace ptrain::nn

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "ptrain/nn/fused.h"
 #include "ptrain/nn/host_fallback.h"
 #include "ptrain/nn/host_kernels.h"
 
@@ -33,6 +34,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t inFeatures, int64_t o
 ColumnParallelLinearImpl::~ColumnParallelLinearImpl() = default;
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor bias = skip_bias_add ? at::Tensor() : this->bias;
   if (!parallel()) return ptrain::nn::linear(input, weight, bias);
   // Every rank needs the whole input; its gradient is a partial sum per rank
   // (each rank's output features see it through their own weight rows).
@@ -57,6 +59,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t inFeatures, int64_t outFeat
 RowParallelLinearImpl::~RowParallelLinearImpl() = default;
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor bias = skip_bias_add ? at::Tensor() : this->bias;
   if (!parallel()) return ptrain::nn::linear(input, weight, bias);
   at::Tensor x = input_is_parallel ? input : scatterToTpRegion(input, *tp_);
   at::Tensor partial = ptrain::nn::linear(x, weight);
@@ -109,17 +112,7 @@ at::Tensor shardedDropout(const at::Tensor& shard, double p, bool training, int6
     return shardedDropout(shard.to(at::kFloat), p, training, dim, numShards, index).to(shard.scalar_type());
   }
   if (numShards <= 1) return torch::dropout(shard, p, true);
-  PTRAIN_CHECK(index >= 0 && index < numShards, "shardedDropout: shard ", index, " of ", numShards);
-  const int64_t d = dim < 0 ? dim + shard.dim() : dim;
-  std::vector<int64_t> full = shard.sizes().vec();
-  full[static_cast<size_t>(d)] *= numShards;
-  // The same steps as torch::dropout on CPU (at::native::_dropout_impl):
-  // bernoulli(1 - p) over the whole tensor, scaled by 1 / (1 - p).
-  at::Tensor noise = at::empty(full, shard.options());
-  noise.bernoulli_(1 - p);
-  noise = noise.narrow(d, index * shard.size(d), shard.size(d));
-  noise.div_(1 - p);
-  return shard * noise;
+  return shard * dropoutNoise(shard, p, dim, numShards, index);
 }
 
 }  // namespace ptrain::nn

@@ -18,7 +18,6 @@ void describeCoreKeys(Schema& s) {
   using keys::reserved;
   using keys::unitBelowOne;
   const char* const kNoOffload = "no offload plugin exists";
-  const char* const kNoFusedKernel = "no fused kernel exists";
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
 
@@ -103,10 +102,10 @@ void describeCoreKeys(Schema& s) {
   s.add(reserved(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."), kNoOffload, {"false"}));
   s.add(reserved(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."), kNoOffload, {"false"}));
 
-  s.add(reserved(key("fusion.bias_gelu", T::kBool, "false", "Fuse the MLP bias add with its GeLU."), kNoFusedKernel, {"false"}));
-  s.add(reserved(key("fusion.bias_dropout_add", T::kBool, "false", "Fuse bias add, dropout and the residual add."), kNoFusedKernel, {"false"}));
-  s.add(reserved(key("fusion.masked_softmax", T::kBool, "false", "Fuse the attention mask with its softmax."), kNoFusedKernel, {"false"}));
-  s.add(reserved(key("fusion.cross_entropy", T::kBool, "false", "Fuse the output projection's softmax with the loss."), kNoFusedKernel, {"false"}));
+  s.add(key("fusion.masked_softmax", T::kBool, "false", "Attention's scale, causal or padding mask and softmax in one pass, forward and backward."));
+  s.add(key("fusion.bias_gelu", T::kBool, "false", "The MLP's bias add and GELU in one pass, forward and backward."));
+  s.add(key("fusion.layernorm", T::kBool, "false", "LayerNorm forward and backward in one pass each, with the residual add before it."));
+  s.add(key("fusion.bias_dropout_add", T::kBool, "false", "Bias add, dropout and the residual add in one pass (attention output and MLP output)."));
 
   s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));
@@ -114,6 +113,7 @@ void describeCoreKeys(Schema& s) {
 
   s.add(oneOf(key("log.level", T::kString, "info", "Least severe log message printed."),
               {"trace", "debug", "info", "warn", "error"}));
+  s.add(key("log.count_ops", T::kBool, "false", "Count the ATen operators each training step dispatches into metrics.jsonl (`aten_ops`); a callback per op."));
   s.add(oneOf(key("log.progress", T::kString, "auto", "Progress display: a bar on a terminal, plain lines otherwise (auto)."),
               {"auto", "bar", "lines", "none"}));
 }

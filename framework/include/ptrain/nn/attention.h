@@ -30,16 +30,24 @@
 
 namespace ptrain::nn {
 
-// Whichever implementation applies to these tensors.
+// Whichever implementation applies to these tensors. `fusedSoftmax`
+// (fusion.masked_softmax): the mask, scale and softmax in one pass forward and
+// backward (nn/fused.h) on the host paths; a row with every key masked then
+// gives zeros instead of NaN.
+// `probsNoise` ([B * heads, T, T], or undefined): attention dropout, the
+// probabilities multiplied by it before they weight the values (the noise of
+// nn::dropoutNoise); the host kernel applies it in its own pass.
 PTRAIN_API at::Tensor multiHeadAttention(const at::Tensor& qkv, int64_t headDim, double scale,
-                                         const at::Tensor& additiveMask);
+                                         const at::Tensor& additiveMask, bool fusedSoftmax = false,
+                                         const at::Tensor& probsNoise = {});
 
 // The libtorch-ops implementation. `dropProbs`, when given, is applied to the
 // attention probabilities ([B * heads, T, T]) before they weight the values
 // (attention dropout, which the host kernel does not do).
 PTRAIN_API at::Tensor batchedAttention(const at::Tensor& qkv, int64_t headDim, double scale,
                                        const at::Tensor& additiveMask,
-                                       const std::function<at::Tensor(const at::Tensor&)>& dropProbs = {});
+                                       const std::function<at::Tensor(const at::Tensor&)>& dropProbs = {},
+                                       bool fusedSoftmax = false);
 
 // The fused device kernel; throws where libtorch has none (1.13).
 PTRAIN_API at::Tensor fusedDeviceAttention(const at::Tensor& qkv, int64_t headDim, double scale,

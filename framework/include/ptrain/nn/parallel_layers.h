@@ -84,6 +84,9 @@ class PTRAIN_API ColumnParallelLinearImpl : public torch::nn::Module, public Par
   int64_t in_features;
   int64_t out_features;        // full (unsharded) size
   bool gather_output = false;  // all-gather the output features on every rank
+  // Leave the bias to the caller (Megatron's skip_bias_add), which adds it in
+  // a fused op (nn/fused.h: fusedBiasGelu).
+  bool skip_bias_add = false;
   int64_t sequence_dim = 1;    // of the input, for sequence parallelism
   at::Tensor weight;           // [out_features (/ tp), in_features]
   at::Tensor bias;             // [out_features (/ tp)] or undefined
@@ -107,6 +110,9 @@ class PTRAIN_API RowParallelLinearImpl : public torch::nn::Module, public Parall
   int64_t in_features;  // full (unsharded) size
   int64_t out_features;
   bool input_is_parallel = true;  // false: split the full input here (scatterToTpRegion)
+  // Leave the bias to the caller (Megatron's skip_bias_add), which adds it in
+  // a fused op (nn/fused.h: fusedBiasDropoutAdd).
+  bool skip_bias_add = false;
   int64_t sequence_dim = 1;       // of the output, for sequence parallelism
   at::Tensor weight;              // [out_features, in_features (/ tp)]
   at::Tensor bias;                // [out_features] or undefined; added after the reduction
