@@ -151,6 +151,7 @@ void maskedSoftmaxBackwardRows(const T* dy, const T* y, T* dx, int64_t rows, int
       const T* p = y + r * width;
       T* out = dx + r * width;
       A dot = 0;
+#pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j < width; ++j) dot += static_cast<A>(g[j]) * static_cast<A>(p[j]);
       for (int64_t j = 0; j < width; ++j) {
         out[j] = static_cast<T>(scale * static_cast<A>(p[j]) * (static_cast<A>(g[j]) - dot));
@@ -404,6 +405,8 @@ void addLayerNormRows(const T* x, const T* residual, const W* weight, const W* b
     for (int64_t r = begin; r < end; ++r) {
       const int64_t o = r * width;
       A total = 0;
+      // (omp simd: the row sums may be taken in vector lanes, in a fixed order.)
+#pragma omp simd reduction(+ : total)
       for (int64_t j = 0; j < width; ++j) {
         // The sum as the unfused add stores it (rounded to T).
         const T v = residual != nullptr ? static_cast<T>(static_cast<A>(x[o + j]) + static_cast<A>(residual[o + j]))
@@ -414,6 +417,7 @@ void addLayerNormRows(const T* x, const T* residual, const W* weight, const W* b
       }
       const A mu = total / static_cast<A>(width);
       A var = 0;
+#pragma omp simd reduction(+ : var)
       for (int64_t j = 0; j < width; ++j) var += (s[j] - mu) * (s[j] - mu);
       const A inv = A(1) / std::sqrt(var / static_cast<A>(width) + eps);
       mean[r] = mu;
@@ -442,6 +446,7 @@ void addLayerNormBackwardRows(const T* dy, const T* dsum, const T* s, const W* w
       for (int64_t r = b * kRowsPerBlock; r < std::min(rows, (b + 1) * kRowsPerBlock); ++r) {
         const int64_t o = r * width;
         A meanG = 0, meanGX = 0;
+#pragma omp simd reduction(+ : meanG, meanGX)
         for (int64_t j = 0; j < width; ++j) {
           const A d = static_cast<A>(dy[o + j]);
           xhat[j] = (static_cast<A>(s[o + j]) - mean[r]) * rstd[r];
