@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -113,7 +114,45 @@ std::string TempDir::write(const std::string& name, const std::string& content) 
   return p.string();
 }
 
+namespace {
+
+// Whether `port` on 127.0.0.1 can be bound now.
+bool bindable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// The lowest port the kernel hands out for outgoing connections.
+int ephemeralLow() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  in >> low;
+  return low;
+}
+
+}  // namespace
+
+// A port below the kernel's ephemeral range: every connection another test
+// opens takes an ephemeral port, so a free one from that range may be taken
+// between this call and the bind (a test that starts its server late would
+// then fail). Random, so tests running side by side rarely pick the same one.
 int freePort() {
+  const int high = ephemeralLow() - 1;
+  const int low = std::max(10000, high - 12000);
+  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 2654435761u ^
+                   static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::uniform_int_distribution<int> pick(low, high);
+  for (int attempt = 0; attempt < 64 && high > low; ++attempt) {
+    const int port = pick(rng);
+    if (bindable(port)) return port;
+  }
+  // No luck below the range: any port the kernel finds free.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -122,7 +161,7 @@ int freePort() {
   bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
+  const int port = ntohs(addr.sin_port);
   close(fd);
   return port;
 }

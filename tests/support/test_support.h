@@ -47,7 +47,8 @@ class TempDir {
   std::string path_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+// ephemeral range (which other processes' connections draw from).
 int freePort();
 
 // Runs `body(rank, worldSize, port)` in `worldSize` forked processes and waits
