@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
+#include "support/test_support.h"
 #include "../../trainers/llm/llm_trainer.h"
 
 namespace ptrain::llm_fixture {
@@ -94,6 +96,29 @@ inline std::unique_ptr<Communicator> worldOf(int rank, int size, int port, const
   CommunicatorOptions options;
   options.timeout = std::chrono::seconds(60);
   return std::make_unique<Communicator>(env, layout, registry(), ctx, options);
+}
+
+// The overrides that put the llm recipe on a tp x pp layout.
+inline std::vector<std::string> layoutOverrides(int tp, int pp, bool sequenceParallel) {
+  return {"parallel.tensor_model_parallel_size=" + std::to_string(tp),
+          "parallel.pipeline_model_parallel_size=" + std::to_string(pp),
+          std::string("parallel.sequence_parallel=") + (sequenceParallel ? "true" : "false")};
+}
+
+// On a forked rank: three steps of `recipe`'s model on this rank's part of a
+// world x tp x pp layout (two micro-batches per data-parallel rank, as
+// singleRankLosses takes), each loss within tolerance(step) of reference[step].
+inline void expectLayoutMatches(int rank, int size, int port, llm::LlmTrainer& trainer, const Recipe& recipe, int tp,
+                                int pp, const std::vector<double>& reference,
+                                const std::function<double(int step)>& tolerance) {
+  auto comm = worldOf(rank, size, port, layoutOf(size, tp, pp));
+  ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
+                  llmOptions(recipe, comm->layout(), true));
+  for (int step = 0; step < 3; ++step) {
+    StepResult r = llmStep(rt, trainer, step, 8 / (size / (tp * pp)) / 2);
+    EXPECT_TRUE(r.applied);
+    EXPECT_LT(test::relDiff(r.loss, reference[static_cast<size_t>(step)]), tolerance(step)) << "step " << step;
+  }
 }
 
 }  // namespace ptrain::llm_fixture

@@ -274,23 +274,14 @@ TEST_P(LowPrecisionLayouts, ThreeStepsMatchOneRank) {
   const PrecisionLayout c = GetParam();
   std::string failures = test::runRanks(c.world, [c](int rank, int size, int port) {
     llm::LlmTrainer trainer{PluginContext{}};
-    std::vector<std::string> overrides{"precision.name=" + c.precision,
-                                       "parallel.tensor_model_parallel_size=" + std::to_string(c.tp),
-                                       "parallel.pipeline_model_parallel_size=" + std::to_string(c.pp),
-                                       std::string("parallel.sequence_parallel=") + (c.sequenceParallel ? "true" : "false")};
+    std::vector<std::string> overrides = layoutOverrides(c.tp, c.pp, c.sequenceParallel);
+    overrides.push_back("precision.name=" + c.precision);
     if (c.precision == "fp16") overrides.push_back("precision.initial_loss_scale=4096");
     Recipe recipe = llmRecipe(trainer, overrides);
     trainer.setup(recipe);
     const std::vector<double> reference = singleRankLosses(trainer, recipe);
-    auto comm = worldOf(rank, size, port, layoutOf(c.world, c.tp, c.pp));
-    ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
-                    llmOptions(recipe, comm->layout(), true));
-    for (int step = 0; step < 3; ++step) {
-      StepResult r = llmStep(rt, trainer, step, 8 / (c.world / (c.tp * c.pp)) / 2);
-      EXPECT_TRUE(r.applied);
-      // Sums split over ranks round differently in half precision.
-      EXPECT_LT(test::relDiff(r.loss, reference[static_cast<size_t>(step)]), 1e-2) << "step " << step;
-    }
+    // Sums split over ranks round differently in half precision.
+    expectLayoutMatches(rank, size, port, trainer, recipe, c.tp, c.pp, reference, [](int) { return 1e-2; });
   });
   EXPECT_EQ(failures, "");
 }

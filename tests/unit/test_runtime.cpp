@@ -507,22 +507,14 @@ TEST_P(RuntimeLayouts, ThreeStepsMatchOneRank) {
       reference = singleRankLosses(unfused, plain);
     }
     llm::LlmTrainer trainer{PluginContext{}};
-    Recipe recipe = llmRecipe(trainer, {"parallel.tensor_model_parallel_size=" + std::to_string(c.tp),
-                                        "parallel.pipeline_model_parallel_size=" + std::to_string(c.pp),
-                                        std::string("parallel.sequence_parallel=") + (c.sequenceParallel ? "true" : "false"),
-                                        "fusion.masked_softmax=true", "fusion.bias_gelu=true", "fusion.layernorm=true",
-                                        "fusion.bias_dropout_add=true"});
-    trainer.setup(recipe);
-    auto comm = worldOf(rank, size, port, layoutOf(c.world, c.tp, c.pp));
-    ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
-                    llmOptions(recipe, comm->layout(), true));
-    for (int step = 0; step < 3; ++step) {
-      // Two micro-batches per data-parallel rank, as in the reference.
-      StepResult r = llmStep(rt, trainer, step, 8 / (c.world / (c.tp * c.pp)) / 2);
-      EXPECT_TRUE(r.applied);
-      EXPECT_LT(test::relDiff(r.loss, reference[static_cast<size_t>(step)]), step == 0 ? 1e-5 : 1e-4)
-          << "step " << step;
+    std::vector<std::string> overrides = layoutOverrides(c.tp, c.pp, c.sequenceParallel);
+    for (const char* f : {"masked_softmax", "bias_gelu", "layernorm", "bias_dropout_add"}) {
+      overrides.push_back(std::string("fusion.") + f + "=true");
     }
+    Recipe recipe = llmRecipe(trainer, overrides);
+    trainer.setup(recipe);
+    expectLayoutMatches(rank, size, port, trainer, recipe, c.tp, c.pp, reference,
+                        [](int step) { return step == 0 ? 1e-5 : 1e-4; });
   });
   EXPECT_EQ(failures, "");
 }

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include <map>
+#include <atomic>
 #include <mutex>
 
 namespace ptrain::nn {
@@ -52,15 +52,12 @@ void runProbe(HostOp op, at::ScalarType dtype) {
   out.to(torch::kFloat32).sum().backward();
 }
 
-struct Probes {
-  std::mutex mutex;
-  std::map<std::pair<HostOp, at::ScalarType>, bool> available;
-};
-
-Probes& probes() {
-  static Probes p;
-  return p;
-}
+// What is known of each (op, half dtype): 0 not probed yet, 1 kernel
+// available, -1 missing. Read on every op of a half-precision model, so
+// lock-free once probed; probing itself is serialised.
+constexpr size_t kOps = sizeof(kAllOps) / sizeof(kAllOps[0]);
+std::atomic<int> g_known[kOps][2];
+std::mutex g_probing;
 
 }  // namespace
 
@@ -77,19 +74,24 @@ const char* hostOpName(HostOp op) {
 }
 
 bool hostKernelAvailable(HostOp op, at::ScalarType dtype) {
-  if (dtype == at::kFloat || dtype == at::kDouble) return true;
-  Probes& p = probes();
-  std::lock_guard<std::mutex> lock(p.mutex);
-  auto [it, inserted] = p.available.try_emplace({op, dtype}, true);
-  if (inserted) {
-    try {
-      runProbe(op, dtype);
-    } catch (const c10::Error&) {
-      // libtorch's "... not implemented for 'Half'": no kernel for this dtype.
-      it->second = false;
+  if (dtype != at::kHalf && dtype != at::kBFloat16) return true;
+  std::atomic<int>& known = g_known[static_cast<size_t>(op)][dtype == at::kHalf ? 0 : 1];
+  int state = known.load(std::memory_order_acquire);
+  if (state == 0) {
+    std::lock_guard<std::mutex> lock(g_probing);
+    state = known.load(std::memory_order_acquire);
+    if (state == 0) {
+      state = 1;
+      try {
+        runProbe(op, dtype);
+      } catch (const c10::Error&) {
+        // libtorch's "... not implemented for 'Half'": no kernel for this dtype.
+        state = -1;
+      }
+      known.store(state, std::memory_order_release);
     }
   }
-  return it->second;
+  return state > 0;
 }
 
 bool computeInFloat32(HostOp op, const at::Tensor& x) {

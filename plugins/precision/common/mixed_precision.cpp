@@ -55,16 +55,16 @@ void MixedPrecision::castModel(StagedModel& model) {
 }
 
 void MixedPrecision::attach(StagedModel& model, const LayoutGroups& groups, bool trained) {
-  model_ = &model;
   world_ = &groups.world();
-  trained_ = trained;
+  // The parameters are final now (sharded, a pipeline stage's own).
+  if (!trained || dtype_ == at::kFloat) return;
+  for (auto& [name, p] : model.localParameters())
+    if (p.requires_grad()) trained_params_.push_back(p);
 }
 
 void MixedPrecision::beginStep(const StepInfo&) {
-  if (dtype_ == at::kFloat || !trained_) return;
   torch::NoGradGuard noGrad;
-  for (auto& [name, p] : model_->localParameters()) {
-    if (!p.requires_grad()) continue;
+  for (auto& p : trained_params_) {
     if (!p.grad().defined() || p.grad().scalar_type() != at::kFloat || !p.grad().sizes().equals(p.sizes())) {
       p.mutable_grad() = torch::zeros(p.sizes(), p.options().dtype(at::kFloat));
     }

@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "ptrain/engine/precision.h"
 
@@ -52,9 +53,9 @@ class MixedPrecision : public PrecisionPlugin {
   PluginContext ctx_;
   at::ScalarType dtype_;
   std::optional<LossScaler> scaler_;
-  StagedModel* model_ = nullptr;
   ProcessGroup* world_ = nullptr;
-  bool trained_ = false;
+  // The parameters that get a float32 gradient each step (bf16, fp16 with an optimizer).
+  std::vector<at::Tensor> trained_params_;
   bool overflow_ = false;     // this step's gradients held inf or NaN on some rank
   double stepScale_ = 1;      // the scale this step ran with
   int64_t skipped_ = 0;       // steps skipped for overflow, over the whole run
