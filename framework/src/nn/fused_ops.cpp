@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ptrain/engine/device.h"
+#include "fused_rows_f32.h"
 #include "ptrain/nn/host_fallback.h"
 #if PTRAIN_WITH_CUDA
 #include "fused_kernels_cuda.h"
@@ -51,31 +52,40 @@ void sumBlocks(const std::vector<A>& partial, int64_t blocks, int64_t width, A* 
   }
 }
 
-// Calls element(o, j) for every element (o = r * width + j) of a [rows,
-// width] array, rows split over the intra-op threads; when `columnSum` is
-// given, it receives the sum over rows of what element returned, per column,
-// taken in fixed blocks of rows (so the same for any number of threads) and
-// rounded to T. The parameter gradients of bias-carrying fusions are such sums.
+// Calls row(r, part) for every row r of a [rows, width] array, rows split
+// over the intra-op threads in fixed blocks; when `columnSum` is given, `part`
+// is the block's partial column sums (width values) for row to add into, and
+// the blocks' sums are added in block order, so the result is the same for any
+// number of threads, and rounded to T. The parameter gradients of
+// bias-carrying fusions are such sums. Without `columnSum`, part is null.
 template <typename T, typename F>
-void rowsWithColumnSum(int64_t rows, int64_t width, T* columnSum, const F& element) {
+void rowBlocksWithColumnSum(int64_t rows, int64_t width, T* columnSum, const F& row) {
   using A = Acc<T>;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   std::vector<A> partial(columnSum != nullptr ? static_cast<size_t>(blocks * width) : 0, A(0));
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       A* part = columnSum != nullptr ? partial.data() + b * width : nullptr;
-      for (int64_t r = b * kRowsPerBlock; r < std::min(rows, (b + 1) * kRowsPerBlock); ++r) {
-        for (int64_t j = 0; j < width; ++j) {
-          const A v = element(r * width + j, j);
-          if (part != nullptr) part[j] += v;
-        }
-      }
+      for (int64_t r = b * kRowsPerBlock; r < std::min(rows, (b + 1) * kRowsPerBlock); ++r) row(r, part);
     }
   });
   if (columnSum == nullptr) return;
   std::vector<A> total(static_cast<size_t>(width));
   sumBlocks(partial, blocks, width, total.data());
   for (int64_t j = 0; j < width; ++j) columnSum[j] = static_cast<T>(total[j]);
+}
+
+// As rowBlocksWithColumnSum, element by element: element(o, j) for o = r *
+// width + j returns the value whose column sums go to `columnSum`.
+template <typename T, typename F>
+void rowsWithColumnSum(int64_t rows, int64_t width, T* columnSum, const F& element) {
+  using A = Acc<T>;
+  rowBlocksWithColumnSum<T>(rows, width, columnSum, [&](int64_t r, A* part) {
+    for (int64_t j = 0; j < width; ++j) {
+      const A v = element(r * width + j, j);
+      if (part != nullptr) part[j] += v;
+    }
+  });
 }
 
 // libtorch 1.13's custom functions cannot take an undefined tensor as an
@@ -228,38 +238,80 @@ inline A tanhOf(A z, A* sech2 = nullptr) {
 constexpr double kGeluBeta = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluKappa = 0.044715;
 
+// A row of T as float32, for the float32 row loops (fp16 and bf16 rows are
+// widened into a buffer, float rows are used as they are).
+template <typename T>
+const float* asFloat(const T* row, int64_t width, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    buffer.resize(static_cast<size_t>(width));
+    for (int64_t j = 0; j < width; ++j) buffer[j] = static_cast<float>(row[j]);
+    return buffer.data();
+  }
+}
+
+// GELU of x + bias, in float32 (Acc<T>) whatever T is, rounded once to T.
+// float, fp16 and bf16 use the vectorised float32 rows; double its own loop.
 template <typename T>
 void biasGeluRows(const T* x, const T* bias, T* y, int64_t rows, int64_t width) {
   using A = Acc<T>;
-  const A beta = static_cast<A>(kGeluBeta), kappa = static_cast<A>(kGeluKappa);
-  forRows(rows, width, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * width;
-      T* yr = y + r * width;
-      for (int64_t j = 0; j < width; ++j) {
-        const A u = static_cast<A>(xr[j]) + (bias != nullptr ? static_cast<A>(bias[j]) : A(0));
-        const A t = tanhOf(beta * (u + kappa * u * u * u));
-        yr[j] = static_cast<T>(A(0.5) * u * (A(1) + t));
+  if constexpr (std::is_same_v<A, double>) {
+    const A beta = static_cast<A>(kGeluBeta), kappa = static_cast<A>(kGeluKappa);
+    forRows(rows, width, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin * width; o < end * width; ++o) {
+        const A u = x[o] + (bias != nullptr ? bias[o % width] : A(0));
+        y[o] = A(0.5) * u * (A(1) + tanhOf(beta * (u + kappa * u * u * u)));
       }
-    }
-  });
+    });
+  } else {
+    std::vector<float> biasBuffer;
+    const float* b = bias != nullptr ? asFloat(bias, width, biasBuffer) : nullptr;
+    forRows(rows, width, [&](int64_t begin, int64_t end) {
+      std::vector<float> in, out(std::is_same_v<T, float> ? 0 : static_cast<size_t>(width));
+      for (int64_t r = begin; r < end; ++r) {
+        T* yr = y + r * width;
+        float* target = std::is_same_v<T, float> ? reinterpret_cast<float*>(yr) : out.data();
+        detail::biasGeluRowF32(asFloat(x + r * width, width, in), b, target, width);
+        if constexpr (!std::is_same_v<T, float>) {
+          for (int64_t j = 0; j < width; ++j) yr[j] = static_cast<T>(out[j]);
+        }
+      }
+    });
+  }
 }
 
-// dx = dy * gelu'(x + bias), one exp per element; the bias gradient is the
-// sum of dx over rows.
+// dx = dy * gelu'(x + bias), one exp per element, in float32 (Acc<T>) and
+// rounded once to T; the bias gradient is the sum over rows of the unrounded dx.
 template <typename T>
 void biasGeluBackwardRows(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t width) {
   using A = Acc<T>;
-  const A beta = static_cast<A>(kGeluBeta), kappa = static_cast<A>(kGeluKappa);
-  rowsWithColumnSum<T>(rows, width, dbias, [&](int64_t o, int64_t j) {
-    const A u = static_cast<A>(x[o]) + (bias != nullptr ? static_cast<A>(bias[j]) : A(0));
-    A sech2;
-    const A t = tanhOf(beta * (u + kappa * u * u * u), &sech2);
-    const A slope = A(0.5) * (A(1) + t) + A(0.5) * u * sech2 * beta * (A(1) + A(3) * kappa * u * u);
-    const A d = static_cast<A>(dy[o]) * slope;
-    dx[o] = static_cast<T>(d);
-    return d;
-  });
+  if constexpr (std::is_same_v<A, double>) {
+    const A beta = static_cast<A>(kGeluBeta), kappa = static_cast<A>(kGeluKappa);
+    rowsWithColumnSum<T>(rows, width, dbias, [&](int64_t o, int64_t j) {
+      const A u = x[o] + (bias != nullptr ? bias[j] : A(0));
+      A sech2;
+      const A t = tanhOf(beta * (u + kappa * u * u * u), &sech2);
+      dx[o] = dy[o] * (A(0.5) * (A(1) + t) + A(0.5) * u * sech2 * beta * (A(1) + A(3) * kappa * u * u));
+      return dx[o];
+    });
+  } else {
+    std::vector<float> biasBuffer;
+    const float* b = bias != nullptr ? asFloat(bias, width, biasBuffer) : nullptr;
+    // Buffers per thread: rowBlocksWithColumnSum runs rows of one block on one thread.
+    rowBlocksWithColumnSum<T>(rows, width, dbias, [&](int64_t r, float* part) {
+      thread_local std::vector<float> dyBuffer, xBuffer, dxBuffer;
+      const int64_t o = r * width;
+      if constexpr (std::is_same_v<T, float>) {
+        detail::biasGeluBackwardRowF32(dy + o, x + o, b, dx + o, part, width);
+      } else {
+        dxBuffer.resize(static_cast<size_t>(width));
+        detail::biasGeluBackwardRowF32(asFloat(dy + o, width, dyBuffer), asFloat(x + o, width, xBuffer), b,
+                                       dxBuffer.data(), part, width);
+        for (int64_t j = 0; j < width; ++j) dx[o + j] = static_cast<T>(dxBuffer[j]);
+      }
+    });
+  }
 }
 
 struct BiasGeluFn : torch::autograd::Function<BiasGeluFn> {
