@@ -395,6 +395,8 @@ TEST(ParallelPlugins, NamesThePluginOfEverySizeAboveOneInOrderOfApplication) {
   etp.world = 2;
   etp.etp = 2;
   EXPECT_EQ(parallelPluginsFor(etp), (Lines{"expert", "data"}));
+  // A model with experts has the expert plugin at any ep: it places them.
+  EXPECT_EQ(parallelPluginsFor(LayoutSizes{}, /*experts=*/true), (Lines{"expert", "data"}));
 }
 
 // A size above 1 that no installed plugin executes would repeat the same work
@@ -404,18 +406,12 @@ TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
   auto missing = [&](const std::vector<std::string>& overrides, int world, const std::string& extra = "") {
     return checkParallelPlugins(layoutRequestFromRecipe(recipe(overrides, extra), world), installed);
   };
-  // The tree builds parallel/tensor, pipeline and data.
+  // The tree builds parallel/tensor, expert, pipeline and data.
   EXPECT_EQ(missing({"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2"}, 4), Lines{});
   EXPECT_EQ(missing({}, 2, "parallel:\n  context_parallel_size: 2\n"),
             Lines{"r.yaml:5:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is not "
                   "installed); set it to 1"});
-  EXPECT_EQ(missing({"model.num_experts=4", "parallel.expert_model_parallel_size=2",
-                     "parallel.expert_tensor_parallel_size=2"},
-                    4),
-            (Lines{"<command line>: expert_model_parallel_size=2: no parallel plugin executes it (parallel/expert is "
-                   "not installed); set it to 1",
-                   "<command line>: expert_tensor_parallel_size=2: no parallel plugin executes it (parallel/expert "
-                   "is not installed); set it to 1"}));
+  EXPECT_EQ(missing({"model.num_experts=4", "parallel.expert_model_parallel_size=2"}, 4), Lines{});
   // A dense model has no expert grid: etp > 1 is ignored there (a warning),
   // ep > 1 refused by checkLayout.
   EXPECT_EQ(missing({"parallel.expert_tensor_parallel_size=2"}, 2), Lines{});

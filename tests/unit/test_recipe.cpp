@@ -92,9 +92,11 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
   EXPECT_EQ(r.keysUnder("plugins"), (std::vector<std::string>{"plugins.paths"}));
   EXPECT_EQ(r.keysUnder("model"),
             (std::vector<std::string>{"model.dropout", "model.ffn_hidden_size", "model.init_std",
-                                      "model.make_vocab_size_divisible_by", "model.moe_router_topk",
-                                      "model.num_experts", "model.num_layers", "model.tie_embeddings",
-                                      "model.vocab_size"}));
+                                      "model.make_vocab_size_divisible_by", "model.moe_aux_loss_coeff",
+                                      "model.moe_layer_freq", "model.moe_pad_expert_input_to_capacity",
+                                      "model.moe_router_pre_softmax", "model.moe_router_score_function",
+                                      "model.moe_router_topk", "model.moe_z_loss_coeff", "model.num_experts",
+                                      "model.num_layers", "model.tie_embeddings", "model.vocab_size"}));
 }
 
 TEST(RecipeLoad, NameKeyWinsOverFileName) {

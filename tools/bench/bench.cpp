@@ -13,7 +13,7 @@
 // at pp=2 and pp=4 beside its formula. Then, for both sizes, fp32 / bf16 /
 // fp16 with every fusion off and on: ATen operators dispatched per step
 // (log.count_ops), step time and peak RSS, and what each fusion alone saves.
-// `ptrain_bench [eager|tensor|pipeline|fusion]` runs only the sections named.
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe]` runs only the sections named.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +74,9 @@ struct PtrainRun {
   double pp_bubble_formula = 0;
   int pp_inflight = 0;
   double ops = 0;  // median aten_ops per step (with log.count_ops=true)
+  // MoE (medians): token all-to-all bytes sent per step, their uniform-routing
+  // count, time in the all-to-alls (summed over ranks), tokens-per-expert CV.
+  double a2a_bytes = 0, a2a_bytes_uniform = 0, a2a_s = 0, tokens_cv = 0;
 };
 
 PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int nproc,
@@ -88,7 +91,7 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
       << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
   capture(cmd.str());
   PtrainRun run;
-  std::vector<double> stepTimes, bubbles, ops;
+  std::vector<double> stepTimes, bubbles, ops, a2aBytes, a2aUniform, a2aSeconds, cv;
   std::ifstream metrics(runDir + "/metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {
@@ -98,6 +101,12 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
       stepTimes.push_back(j["step_time_s"].get<double>());
       if (j.contains("pp_bubble")) bubbles.push_back(j["pp_bubble"].get<double>());
       if (j.contains("aten_ops")) ops.push_back(j["aten_ops"].get<double>());
+      if (j.contains("moe_a2a_bytes")) {
+        a2aBytes.push_back(j["moe_a2a_bytes"].get<double>());
+        a2aUniform.push_back(j["moe_a2a_bytes_uniform"].get<double>());
+        a2aSeconds.push_back(j["moe_a2a_s"].get<double>());
+        cv.push_back(j["moe_tokens_cv"].get<double>());
+      }
     }
     run.rss_mb = std::max(run.rss_mb, j["peak_rss_mb"].get<double>());
     if (j.contains("tp_comm_bytes")) run.tp_bytes = j["tp_comm_bytes"].get<double>();
@@ -108,6 +117,10 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
   run.step_s = median(stepTimes);
   run.pp_bubble = median(bubbles);
   run.ops = ops.empty() ? 0 : median(ops);
+  run.a2a_bytes = median(a2aBytes);
+  run.a2a_bytes_uniform = median(a2aUniform);
+  run.a2a_s = median(a2aSeconds);
+  run.tokens_cv = median(cv);
   return run;
 }
 
@@ -161,8 +174,8 @@ int main(int argc, char** argv) {
   // `build/bin/ptrain_bench pipeline`.
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
-    if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion") {
-      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline or fusion (default: all)\n",
+    if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe") {
+      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion or moe (default: all)\n",
                    name.c_str());
       return 2;
     }
@@ -303,6 +316,25 @@ int main(int argc, char** argv) {
       PtrainRun one = runPtrain(binary, source, s, warmup, 1, common + " fusion." + f + "=true");
       std::printf("%-18s %9.0f %9.1f%% %8.3f\n", f, one.ops, 100.0 * (1.0 - one.ops / none.ops), one.step_s);
     }
+  }
+  // GPT-MoE: the small model with 8 experts (top-2) in every block, on 2
+  // processes: ep=1 (every rank all experts; dp 2) and ep=2 (4 experts per
+  // rank, tokens exchanged by all-to-all), the same global batch.
+  if (runs("moe")) {
+    const GptSize& s = sizes.front();
+    std::printf("\nGPT-MoE, %s model, 8 experts top-2, 2 processes (global batch %d):\n", s.name.c_str(), s.batch);
+    std::printf("%-3s %8s %10s %9s %16s %16s %9s\n", "ep", "step s", "tok/s", "a2a share", "a2a B/step",
+                "uniform B/step", "tokens cv");
+    for (int ep : {1, 2}) {
+      PtrainRun run = runPtrain(binary, source, s, warmup, 2,
+                                "model.num_experts=8 model.moe_router_topk=2 model.moe_aux_loss_coeff=0.01 "
+                                "parallel.expert_model_parallel_size=" + std::to_string(ep));
+      // moe_a2a_s sums both ranks' time: per rank, half of it.
+      std::printf("%-3d %8.3f %10.0f %8.1f%% %16.0f %16.0f %9.3f\n", ep, run.step_s, s.batch * s.seq / run.step_s,
+                  100.0 * run.a2a_s / 2 / run.step_s, run.a2a_bytes, run.a2a_bytes_uniform, run.tokens_cv);
+    }
+    std::printf("(a2a: the token all-to-alls, dispatch and combine, forward and backward; bytes sent to the other rank,\n"
+                " summed over ranks; uniform: 4 x choices x h x 4 bytes x (ep-1)/ep; share: time in them / step time)\n");
   }
   return 0;
 }

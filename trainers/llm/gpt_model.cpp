@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ptrain/comm/process_group.h"
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/fused.h"
@@ -109,11 +110,25 @@ at::Tensor GptMlpImpl::forward(const at::Tensor& x) {
 
 // ---- block ----
 
-GptBlockImpl::GptBlockImpl(const GptConfig& c) : dropout_(c.dropout), fusion_(c.fusion) {
+nn::MoeConfig GptConfig::moeConfig(int64_t index) const {
+  nn::MoeConfig m = moe;
+  m.num_experts = num_experts;
+  m.hidden_size = hidden_size;
+  m.ffn_hidden_size = ffnSize();
+  m.fused_bias_gelu = fusion.bias_gelu;
+  m.layer_number = static_cast<int>(index);
+  return m;
+}
+
+GptBlockImpl::GptBlockImpl(const GptConfig& c, int64_t index) : dropout_(c.dropout), fusion_(c.fusion) {
   ln1 = register_module("ln1", makeLayerNorm(c));
   attn = register_module("attn", GptAttention(c));
   ln2 = register_module("ln2", makeLayerNorm(c));
-  mlp = register_module("mlp", GptMlp(c));
+  if (c.isMoeBlock(index)) {
+    moe = register_module("moe", nn::MoeLayer(c.moeConfig(index)));
+  } else {
+    mlp = register_module("mlp", GptMlp(c));
+  }
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
@@ -129,8 +144,11 @@ at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additive
     h = x + residualDropout(a);
     normed = layerNorm(ln2, h);
   }
-  at::Tensor m = mlp(normed);
-  if (fusion_.bias_dropout_add) return nn::fusedBiasDropoutAdd(m, mlp->fc2->bias, h, residualNoise(m));
+  // A MoE block's experts add their own biases.
+  at::Tensor m = moe ? moe(normed) : mlp(normed);
+  if (fusion_.bias_dropout_add) {
+    return nn::fusedBiasDropoutAdd(m, moe ? at::Tensor() : mlp->fc2->bias, h, residualNoise(m));
+  }
   return h + residualDropout(m);
 }
 
@@ -185,7 +203,7 @@ GptModuleImpl::GptModuleImpl(const GptConfig& c, const ModelBuild& build) {
   if (build.embed || (build.head && c.tie_embeddings)) embed = register_module("embed", GptEmbedding(c));
   blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int i = 0; i < static_cast<int>(c.num_layers); ++i) {
-    if (build.buildsBlock(i)) built.emplace(i, blocks->register_module(std::to_string(i), GptBlock(c)));
+    if (build.buildsBlock(i)) built.emplace(i, blocks->register_module(std::to_string(i), GptBlock(c, i)));
   }
   if (build.head) head = register_module("head", GptHead(c, embed ? embed->tokens : nn::VocabParallelEmbedding(nullptr)));
 }
@@ -218,10 +236,13 @@ torch::nn::Module& GptModel::module() { return *root_; }
 
 int GptModel::numBlocks() const { return static_cast<int>(config_.num_layers); }
 
-int64_t GptModel::blockCost(int) {
+int64_t GptModel::blockCost(int index) {
   const int64_t h = config_.hidden_size, f = config_.ffnSize();
-  // ln1, ln2; qkv; proj; fc1; fc2 (weights and biases).
-  return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
+  // ln1, ln2; qkv; proj; fc1; fc2 (weights and biases); a MoE block has E
+  // MLPs and the router.
+  const int64_t mlp = (h * f + f) + (f * h + h);
+  const int64_t mlps = config_.isMoeBlock(index) ? config_.num_experts * mlp + config_.num_experts * h : mlp;
+  return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + mlps;
 }
 
 namespace {
@@ -259,7 +280,8 @@ void GptModel::initialise(uint64_t baseSeed) {
     } else {
       // Drawn on the host, so every device gets the same values.
       at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
-      const bool residual = endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.fc2.weight");
+      const bool residual = endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.fc2.weight") ||
+                            endsWith(name, "moe.experts.fc2.weight");
       at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
       values.normal_(0.0, residual ? residualStd(config_) : config_.init_std, generator);
       p.copy_(values);
@@ -334,8 +356,13 @@ TensorParallelPlan GptModel::tensorParallelPlan() {
     const std::string prefix = blockPrefix(i);
     plan.layers.emplace_back(prefix + "attn.qkv.", block->attn->qkv.get());
     plan.layers.emplace_back(prefix + "attn.proj.", block->attn->proj.get());
-    plan.layers.emplace_back(prefix + "mlp.fc1.", block->mlp->fc1.get());
-    plan.layers.emplace_back(prefix + "mlp.fc2.", block->mlp->fc2.get());
+    if (block->mlp) {
+      plan.layers.emplace_back(prefix + "mlp.fc1.", block->mlp->fc1.get());
+      plan.layers.emplace_back(prefix + "mlp.fc2.", block->mlp->fc2.get());
+    } else {
+      // The router acts on this rank's sequence shard, like the LayerNorms.
+      plan.sequence_parallel_params.push_back(prefix + "moe.router.weight");
+    }
     for (const char* ln : {"ln1.", "ln2."}) {
       plan.sequence_parallel_params.push_back(prefix + ln + "weight");
       plan.sequence_parallel_params.push_back(prefix + ln + "bias");
@@ -365,6 +392,14 @@ void GptModel::setTensorParallel(TensorParallelStatePtr state) {
   tp_ = std::move(state);
 }
 
+std::vector<std::pair<std::string, nn::MoeLayerImpl*>> GptModel::moeLayers() {
+  std::vector<std::pair<std::string, nn::MoeLayerImpl*>> out;
+  for (auto& [i, block] : root_->built) {
+    if (block->moe) out.emplace_back(blockPrefix(i) + "moe.", block->moe.get());
+  }
+  return out;
+}
+
 at::Tensor GptModel::logits(const at::Tensor& tokens) {
   Batch b;
   b.tensors.emplace("tokens", tokens);
@@ -377,7 +412,8 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
   torch::NoGradGuard noGrad;
   const int64_t rows = static_cast<int64_t>(prompts.size());
   std::vector<std::vector<int64_t>> generated(prompts.size());
-  if (rows == 0 || maxNew <= 0) return generated;
+  // With a forward_sync group every rank runs the same forward passes, even one with no prompts.
+  if (maxNew <= 0 || (rows == 0 && !forward_sync)) return generated;
 
   const int64_t capacity = config_.seq_length;
   const at::Device device = this->device();
@@ -405,7 +441,26 @@ std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::
       rowsNow.push_back(r);
       width = std::max(width, length[static_cast<size_t>(r)]);
     }
-    if (rowsNow.empty()) break;
+    bool anyActive = !rowsNow.empty();
+    if (forward_sync) {
+      // Under expert parallelism every forward pass exchanges tokens with
+      // ranks decoding other prompts: stop together, and keep the others
+      // company with a pass over one padding row while they finish.
+      at::Tensor flag = torch::full({1}, anyActive ? 1.0 : 0.0, torch::TensorOptions(torch::kFloat64).device(device));
+      AllreduceOptions opts;
+      opts.op = ReduceOp::kMax;
+      forward_sync->allreduce(flag, opts)->wait();
+      const bool othersActive = flag.item<double>() > 0;
+      if (othersActive && !anyActive) {
+        Batch idle;
+        idle.tensors.emplace("tokens", torch::full({1, sequenceParallel(tp_) ? tp_->size : 1}, padId,
+                                                   torch::TensorOptions(torch::kInt64).device(device)));
+        forwardHidden(idle);
+        continue;
+      }
+      anyActive = othersActive;
+    }
+    if (!anyActive) break;
     // A sequence split needs a length the group divides (seq_length does).
     if (sequenceParallel(tp_)) width = std::min(capacity, (width + tp_->size - 1) / tp_->size * tp_->size);
     at::Tensor index = torch::tensor(rowsNow, torch::kInt64);

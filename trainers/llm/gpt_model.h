@@ -60,6 +60,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "ptrain/engine/model.h"
+#include "ptrain/nn/moe.h"
 #include "ptrain/nn/parallel_layers.h"
 #include "ptrain/nn/tp_comm.h"
 
@@ -94,7 +95,18 @@ struct GptConfig {
     bool bias_dropout_add = false;  // attn.proj's and mlp.fc2's bias, dropout and residual add
   } fusion;
 
+  // Mixture of experts (ptrain/nn/moe.h): with num_experts > 0 every
+  // moe_layer_freq-th block (0, freq, 2 freq, ...) has a MoE MLP of
+  // num_experts copies of the block's MLP; `moe` holds the routing settings
+  // (its sizes and layer number are filled in per block).
+  int64_t num_experts = 0;
+  int64_t moe_layer_freq = 1;
+  nn::MoeConfig moe;
+
   int64_t ffnSize() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  bool isMoeBlock(int64_t index) const { return num_experts > 0 && index % std::max<int64_t>(1, moe_layer_freq) == 0; }
+  // The MoE settings of block `index`.
+  nn::MoeConfig moeConfig(int64_t index) const;
   int64_t headDim() const { return hidden_size / num_heads; }
   int64_t validVocab() const { return valid_vocab > 0 ? valid_vocab : vocab_size; }
   // Rows of the embedding: vocab_size rounded up to make_vocab_size_divisible_by.
@@ -160,14 +172,16 @@ TORCH_MODULE(GptMlp);
 
 class GptBlockImpl : public torch::nn::Module {
  public:
-  explicit GptBlockImpl(const GptConfig& config);
+  // Block `index` of the model (a MoE block when config.isMoeBlock(index)).
+  GptBlockImpl(const GptConfig& config, int64_t index);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
   void setTensorParallel(TensorParallelStatePtr state);
 
   torch::nn::LayerNorm ln1{nullptr};
   GptAttention attn{nullptr};
   torch::nn::LayerNorm ln2{nullptr};
-  GptMlp mlp{nullptr};
+  GptMlp mlp{nullptr};      // null in a MoE block
+  nn::MoeLayer moe{nullptr};  // null in a dense block
 
  private:
   at::Tensor residualDropout(const at::Tensor& x);
@@ -229,6 +243,10 @@ class GptModel : public StagedModel {
   std::vector<std::string> headPrefixes() const override;
   // embed.tokens.weight when the embeddings are tied.
   std::vector<std::string> headSharedParameters() const override;
+
+  int64_t numExperts() const override { return config_.num_experts; }
+  // The MoE layers this rank built, by prefix ("blocks.0.moe.").
+  std::vector<std::pair<std::string, nn::MoeLayerImpl*>> moeLayers() override;
 
   // micro["tokens"] [B, T] int64, T <= seq_length -> hidden [B, T, h].
   at::Tensor embed(const Batch& micro) override;

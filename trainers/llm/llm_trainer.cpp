@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "ptrain/comm/process_group.h"
+#include "ptrain/engine/moe_settings.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -71,10 +73,6 @@ void LlmTrainer::setup(const Recipe& recipe) {
       recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic");
     }
   }
-  if (recipe.has("model.num_experts") && recipe.getInt("model.num_experts") != 0) {
-    recipe.fail("model.num_experts", std::to_string(recipe.getInt("model.num_experts")) +
-                                         " experts requested, but the llm trainer builds dense models only; use 0");
-  }
 
   ArithmeticOptions data;
   data.operations.clear();
@@ -137,6 +135,10 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.fusion.bias_gelu = recipe.getBool("fusion.bias_gelu");
   c.fusion.layernorm = recipe.getBool("fusion.layernorm");
   c.fusion.bias_dropout_add = recipe.getBool("fusion.bias_dropout_add");
+  const MoeSettings moe = MoeSettings::fromRecipe(recipe);
+  c.num_experts = moe.num_experts;
+  c.moe_layer_freq = moe.layer_freq;
+  c.moe = moe.routing;
   if (c.num_heads < 1 || c.hidden_size % c.num_heads != 0) {
     recipe.fail("model.hidden_size", std::to_string(c.hidden_size) + " is not a multiple of model.num_attention_heads=" +
                                          std::to_string(c.num_heads) + "; use e.g. " +
@@ -198,8 +200,27 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   const int64_t maxNew =
       ArithmeticDataset::maxProblemTokens(dataset_->options().operations, dataset_->options().digits);
 
+  // Under expert parallelism every rank must run as many forward passes as
+  // the others (they exchange tokens): a rank out of problems evaluates the
+  // first problem again, uncounted, until every shard is done.
+  int64_t chunks = static_cast<int64_t>((end - begin + kEvalChunk - 1) / kEvalChunk);
+  if (model.forward_sync) {
+    at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
+    AllreduceOptions opts;
+    opts.op = ReduceOp::kMax;
+    model.forward_sync->allreduce(most, opts)->wait();
+    chunks = static_cast<int64_t>(most.item<double>());
+  }
+
   double correct = 0, lossSum = 0, lossCount = 0;
-  for (size_t chunk = begin; chunk < end; chunk += kEvalChunk) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t chunk = begin + static_cast<size_t>(c) * kEvalChunk;
+    if (chunk >= end) {
+      LossOutput ignored = gpt.forward(dataset_->batchOf({all.at(0)}));
+      gpt.greedyDecode({ArithmeticTokenizer::encode(all.at(0).prompt())}, maxNew, ArithmeticTokenizer::kEos,
+                       ArithmeticTokenizer::kPad);
+      continue;
+    }
     const size_t stop = std::min(end, chunk + kEvalChunk);
     std::vector<datasets::ArithmeticProblem> problems(all.begin() + chunk, all.begin() + stop);
 

@@ -14,6 +14,7 @@
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/precision.h"
+#include "ptrain/engine/moe_settings.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
@@ -115,6 +116,7 @@ int cmdCheck(const CheckArgs& args) {
     PluginRegistry registry(PluginRegistry::defaultSearchPath(recipe.getStringList("plugins.paths")));
     for (auto& p : checkParallelPlugins(layout, registry)) problems.push_back(std::move(p));
     for (auto& p : checkPrecision(recipe, registry)) problems.push_back(std::move(p));
+    for (auto& p : checkMoeSettings(recipe)) problems.push_back(std::move(p));
   } catch (const PluginLoadError& e) {
     problems.push_back(e.what());
   }

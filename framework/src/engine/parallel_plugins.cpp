@@ -15,11 +15,11 @@ int clampSize(int64_t n) { return static_cast<int>(std::min<int64_t>(n, INT_MAX)
 
 }  // namespace
 
-std::vector<std::string> parallelPluginsFor(const LayoutSizes& sizes) {
+std::vector<std::string> parallelPluginsFor(const LayoutSizes& sizes, bool experts) {
   std::vector<std::string> names;
   if (sizes.tp > 1) names.push_back("tensor");
   if (sizes.cp > 1) names.push_back("context");
-  if (sizes.ep > 1 || sizes.etp > 1) names.push_back("expert");
+  if (experts || sizes.ep > 1 || sizes.etp > 1) names.push_back("expert");
   if (sizes.pp > 1) names.push_back("pipeline");
   names.push_back("data");
   return names;
@@ -61,12 +61,17 @@ std::vector<std::string> checkParallelPlugins(const LayoutRequest& request, Plug
   };
 
   std::vector<std::string> out;
-  for (const std::string& name : parallelPluginsFor(sizes)) {
+  for (const std::string& name : parallelPluginsFor(sizes, moe)) {
     if (installed(name)) continue;
     const std::string missing = "parallel/" + name + " is not installed";
     if (name == "data") {
       out.push_back(where("plugins.paths") + "no parallel plugin reduces the gradients across ranks (" + missing +
                     ", and every run needs it); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH");
+      continue;
+    }
+    if (name == "expert" && sizes.ep == 1 && sizes.etp == 1) {
+      out.push_back(where("model.num_experts") + "a MoE model needs the plugin that places its experts (" + missing +
+                    "); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH, or set num_experts to 0");
       continue;
     }
     for (const auto& d : dimensions) {

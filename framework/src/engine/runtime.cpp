@@ -127,21 +127,22 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   ctx.rank = comm_.rank();
   ctx.world_size = comm_.worldSize();
   ctx.device = options_.device;
+  // Which parts this rank builds: asked of an outline, before any weight
+  // exists. The outline also says whether the model has experts: the expert
+  // plugin places them (and keeps their figures) at any ep.
+  std::shared_ptr<StagedModel> outline = factory(ModelBuild::outline());
+  const bool experts = outline->numExperts() > 0;
   // The expert tensor size defaults to tp whether or not the model has
-  // experts; only a split of the experts across ep needs the expert plugin.
+  // experts; it matters only to a model with experts.
   LayoutSizes sizes = options_.layout.sizes();
-  if (sizes.ep == 1) sizes.etp = 1;
-  for (const auto& name : parallelPluginsFor(sizes)) {
+  if (!experts) sizes.ep = sizes.etp = 1;
+  for (const auto& name : parallelPluginsFor(sizes, experts)) {
     pluginObjects_.push_back(registry.create(plugin_kind::kParallel, name, ctx, "parallel"));
     parallel_.push_back(static_cast<ParallelPlugin*>(pluginObjects_.back().get()));
   }
-
-  // Which parts this rank builds: asked of an outline, before any weight exists.
   ModelBuild build;
-  {
-    std::shared_ptr<StagedModel> outline = factory(ModelBuild::outline());
-    for (auto* p : parallel_) p->planBuild(*outline, *groups_, build);
-  }
+  for (auto* p : parallel_) p->planBuild(*outline, *groups_, build);
+  outline.reset();
   torch::manual_seed(options_.seed);
   model_ = factory(build);
   PTRAIN_CHECK(model_ != nullptr, "runtime '", options_.name, "': the model factory returned nothing");
@@ -255,6 +256,7 @@ StepResult ModelRuntime::step(const StepInput& input) {
   for (auto* h : hooks_) h->beginStep(StepInfo{input.step, count});
   double lossScale = 1;
   for (auto* h : hooks_) lossScale *= h->lossScale();
+  for (auto* h : hooks_) h->beforeMicroBatches(lossScale);
 
   MicroBatchRun run;
   run.model = model_.get();

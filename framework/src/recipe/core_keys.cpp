@@ -40,6 +40,14 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
   s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
   s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
+  s.add(atLeast(key("model.moe_layer_freq", T::kInt, "1", "Every this many blocks (0, freq, 2 freq, ...) has a MoE MLP; the others a dense one (MoE only)."), 1));
+  s.add(oneOf(key("model.moe_router_score_function", T::kString, "softmax", "Router scores: `softmax` or `sigmoid` (normalised over the chosen experts) (MoE only)."),
+              {"softmax", "sigmoid"}));
+  s.add(key("model.moe_router_pre_softmax", T::kBool, "false", "Softmax over every expert before the top-k (true) or over the top-k logits (false) (MoE only)."));
+  s.add(atLeast(key("model.moe_aux_loss_coeff", T::kFloat, "0", "Coefficient of the load-balancing (switch) loss; 0 turns it off (MoE only)."), 0));
+  s.add(atLeast(key("model.moe_z_loss_coeff", T::kFloat, "0", "Coefficient of the router z-loss; 0 turns it off (MoE only)."), 0));
+  s.add(above(key("model.moe_expert_capacity_factor", T::kFloat, "", "Tokens an expert takes, as a multiple of an even share; over it the lowest-probability tokens are dropped. Not set: dropless (MoE only)."), 0));
+  s.add(key("model.moe_pad_expert_input_to_capacity", T::kBool, "false", "Every expert computes exactly its capacity of rows (padding with zero-gate tokens); needs moe_expert_capacity_factor (MoE only)."));
 
   s.add(key("data.name", T::kString, "", "Dataset the trainer reads, e.g. `arithmetic`."));
 

@@ -36,6 +36,7 @@ class PTRAIN_API LayoutGroups {
   // This process's global rank.
   int rank() const { return rank_; }
   ProcessGroup& world() const { return *world_; }
+  const std::shared_ptr<ProcessGroup>& worldGroup() const { return world_; }
   // This rank's group of `kind`. Throws InternalError when there is none.
   std::shared_ptr<ProcessGroup> group(GroupKind kind) const;
   // This rank's index within its group of `kind` (its coordinate on that axis).

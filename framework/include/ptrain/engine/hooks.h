@@ -4,6 +4,7 @@
 //
 //   beginStep                          every hook, in order
 //   lossScale                          product over hooks: the loss is multiplied by it before backward
+//   beforeMicroBatches(scale)          every hook, with that product
 //   for each micro-batch (or in the order a pipeline schedules them):
 //     embed -> for each block: runBlock   (hooks nest: the first hook is outermost)
 //            -> loss function
@@ -41,7 +42,7 @@ namespace ptrain {
 // What a step is about to do.
 struct StepInfo {
   int64_t step = 0;       // 0-based index of the step in its runtime's training
-  int micro_batches = 0;  // this rank's micro-batches in the step
+  int micro_batches = 0;  // this rank's micro-batches in the step (the same on every data-parallel rank)
 };
 
 // What mayStep() may look at: the gradients after every hook's
@@ -76,6 +77,10 @@ class PTRAIN_API StepHooks {
   // before the norm, clipping and the optimizer see them. Asked once per step,
   // after beginStep.
   virtual double lossScale() { return 1.0; }
+  // Once per step, after lossScale(), with the product of every hook's
+  // scale: the factor backward's gradients carry this step (for a hook that
+  // injects gradients of its own, e.g. an auxiliary loss).
+  virtual void beforeMicroBatches(double lossScale) {}
   // Runs block `index` on `input`. The default calls `next(input)`; a hook may
   // act before and after (bring the block's parameters in, release them) or
   // compute the same result another way (recompute it during backward). It

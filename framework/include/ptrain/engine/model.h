@@ -26,7 +26,10 @@
 
 namespace ptrain {
 
+class ProcessGroup;
+
 namespace nn {
+class MoeLayerImpl;
 class ParallelLayer;
 struct TensorParallelState;
 }  // namespace nn
@@ -158,6 +161,20 @@ class PTRAIN_API StagedModel {
   // parallelism"; a model that overrides one overrides both.
   virtual TensorParallelPlan tensorParallelPlan();
   virtual void setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state);
+
+  // Mixture of experts: the experts of each MoE layer, 0 for a dense model
+  // (asked of an outline too, so it must not depend on what was built), and
+  // the MoE layers this rank built, each with its parameter-name prefix
+  // ("blocks.3.moe."). The runtime adds the expert plugin for a model with
+  // experts, whatever ep.
+  virtual int64_t numExperts() const { return 0; }
+  virtual std::vector<std::pair<std::string, nn::MoeLayerImpl*>> moeLayers() { return {}; }
+
+  // When set (by the expert plugin, under expert parallelism), ranks of this
+  // group exchange data inside every forward pass: inference code that may
+  // run a different number of forward passes on different ranks (decoding
+  // until every sequence stops) must keep them in step over it.
+  std::shared_ptr<ProcessGroup> forward_sync;
 
   // How each parameter is split, reduced, owned and mirrored across ranks,
   // as the parallel plugins set it up (engine/placement.h).

@@ -20,10 +20,11 @@ namespace ptrain {
 class PluginRegistry;
 
 // The parallel plugins (kind "parallel") the layout needs, in the order they
-// are applied: "tensor" if tp > 1, "context" if cp > 1, "expert" if ep > 1
+// are applied: "tensor" if tp > 1, "context" if cp > 1, "expert" for a model
+// with experts (any ep: it places them and reports their figures) or ep > 1
 // or etp > 1, "pipeline" if pp > 1, and "data" last, always (it is a no-op
 // at dp = 1).
-PTRAIN_API std::vector<std::string> parallelPluginsFor(const LayoutSizes& sizes);
+PTRAIN_API std::vector<std::string> parallelPluginsFor(const LayoutSizes& sizes, bool experts = false);
 
 // One line per problem with the plugins `request` needs (parallelPluginsFor
 // its sizes; ep and etp count only for a MoE model, as planLayout says), in
