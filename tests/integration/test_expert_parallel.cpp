@@ -2,8 +2,8 @@
 // recipes (gpt_moe_ep2 to the quickstart's accuracy, gpt_moe_tp2_ep2 on 4
 // ranks); a GPT-MoE at ep=2
 // (evaluating, so decoding keeps the ranks in step) saves a checkpoint that
-// holds every expert in full, and resumes at ep=1 and ep=4 on the same loss
-// curve; `ptrain check` names each MoE setting that cannot work on one line.
+// holds every expert in full, and resumes at ep=1, ep=4 and ep=2 x etp=2 on
+// the same loss curve; `ptrain check` names each MoE setting that cannot work on one line.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -69,17 +69,26 @@ TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
   EXPECT_EQ(shapes["blocks.0.moe.experts.fc1.weight"], nlohmann::json::parse("[4, 128, 32]"))
       << shapes["blocks.0.moe.experts.fc1.weight"].dump();
 
-  for (int ep : {1, 4}) {
-    const std::string dir = tmp.path() + "/resume_ep" + std::to_string(ep);
+  struct Resume {
+    int ep, etp, nproc;
+  };
+  for (const Resume& at : {Resume{1, 1, 1}, Resume{4, 1, 4}, Resume{2, 2, 4}}) {
+    const std::string name = "ep" + std::to_string(at.ep) + "_etp" + std::to_string(at.etp);
+    const std::string dir = tmp.path() + "/resume_" + name;
     fs::create_directories(dir + "/checkpoints");
     fs::copy(first + "/checkpoints/step_10", dir + "/checkpoints/step_10", fs::copy_options::recursive);
-    r = train(recipe, dir, ep, ep == 1 ? 1 : 4, {"--resume"});
-    ASSERT_EQ(r.exit_code, 0) << "ep " << ep << "\n" << r.output;
+    r = train(recipe, dir, at.ep, at.nproc,
+              {"--resume", "parallel.expert_tensor_parallel_size=" + std::to_string(at.etp)});
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     auto after = steps(dir);
     ASSERT_EQ(after.size(), 10u) << r.output;
     for (int step = 11; step <= kSteps; ++step) {
-      EXPECT_LT(relDiff(after.at(step)["loss"], reference.at(step)["loss"]), 1e-4) << "ep " << ep << " step " << step;
+      EXPECT_LT(relDiff(after.at(step)["loss"], reference.at(step)["loss"]), 1e-4) << name << " step " << step;
     }
+    // Saved from this layout: every expert, every feature.
+    std::ifstream saved(dir + "/checkpoints/step_20/meta.json");
+    auto savedShapes = nlohmann::json::parse(saved)["parameters"];
+    EXPECT_EQ(savedShapes["blocks.1.moe.experts.fc2.weight"], nlohmann::json::parse("[4, 32, 128]")) << name;
   }
 }
 
@@ -132,8 +141,7 @@ TEST(ExpertParallel, CheckNamesEachMoeSettingThatCannotWork) {
        {"expert_model_parallel_size=3 does not divide num_experts=4: use 1, 2 or 4",
         "moe_router_topk=5 exceeds num_experts=4: use at most 4",
         "routing is dropless (no moe_expert_capacity_factor); set model.moe_expert_capacity_factor or remove it",
-        "with a MoE model needs sequence parallelism",
-        "expert_tensor_parallel_size=2 (by default the tensor size): splitting each expert's weights is not executed"}) {
+        "with a MoE model needs sequence parallelism"}) {
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   }
   // MoE keys on a dense model.

@@ -3,8 +3,9 @@
 //     token permutation against references written here, element by element;
 //   - the layer against a per-token mixture of its experts' MLPs, and its
 //     auxiliary losses' gradient against autograd of the reference objective;
-//   - a GPT-MoE on every ep x tp x dp layout (and one with pp 2) against the
-//     single-rank run over 20 steps, aux loss included;
+//   - a GPT-MoE on every ep x tp x dp layout (one with pp 2, three with
+//     expert tensor parallelism) against the single-rank run over 20 steps,
+//     aux loss included;
 //   - with a capacity factor under ep 2, each rank's dropped tokens and
 //     outputs against the whole layer on that rank's tokens.
 #include <gtest/gtest.h>
@@ -240,7 +241,7 @@ TEST(MoeLayer, IsTheGateWeightedMixtureOfItsExpertsAndBackpropagatesTheAuxLosses
 
 // ---- layouts ----
 
-std::vector<std::string> moeRecipe(int tp, int pp, int ep) {
+std::vector<std::string> moeRecipe(int tp, int pp, int ep, int etp = 1) {
   std::vector<std::string> o = {"model.num_experts=4",
                                 "model.moe_router_topk=2",
                                 "model.moe_aux_loss_coeff=0.01",
@@ -250,18 +251,18 @@ std::vector<std::string> moeRecipe(int tp, int pp, int ep) {
                                 "parallel.tensor_model_parallel_size=" + std::to_string(tp),
                                 "parallel.pipeline_model_parallel_size=" + std::to_string(pp),
                                 "parallel.expert_model_parallel_size=" + std::to_string(ep),
-                                "parallel.expert_tensor_parallel_size=1",
+                                "parallel.expert_tensor_parallel_size=" + std::to_string(etp),
                                 std::string("parallel.sequence_parallel=") + (tp > 1 ? "true" : "false")};
   return o;
 }
 
-ParallelLayout moeLayout(int world, int tp, int pp, int ep) {
+ParallelLayout moeLayout(int world, int tp, int pp, int ep, int etp = 1) {
   LayoutSizes s;
   s.world = world;
   s.tp = tp;
   s.pp = pp;
   s.ep = ep;
-  s.etp = 1;
+  s.etp = etp;
   return ParallelLayout(s);
 }
 
@@ -283,7 +284,7 @@ Curve trainMoe(Communicator& comm, llm::LlmTrainer& trainer, const Recipe& recip
 }
 
 struct MoeCase {
-  int world, tp, pp, ep;
+  int world, tp, pp, ep, etp = 1;
 };
 
 class MoeLayouts : public ::testing::TestWithParam<MoeCase> {};
@@ -301,9 +302,9 @@ TEST_P(MoeLayouts, TwentyStepsMatchOneRankAuxLossIncluded) {
       reference = trainMoe(*loop, single, plain, kSteps);
     }
     llm::LlmTrainer trainer{PluginContext{}};
-    Recipe recipe = llmRecipe(trainer, moeRecipe(c.tp, c.pp, c.ep));
+    Recipe recipe = llmRecipe(trainer, moeRecipe(c.tp, c.pp, c.ep, c.etp));
     trainer.setup(recipe);
-    auto comm = worldOf(rank, size, port, moeLayout(size, c.tp, c.pp, c.ep));
+    auto comm = worldOf(rank, size, port, moeLayout(size, c.tp, c.pp, c.ep, c.etp));
     Curve got = trainMoe(*comm, trainer, recipe, kSteps);
     for (int step = 0; step < kSteps; ++step) {
       const double tol = step == 0 ? 1e-5 : 1e-4;
@@ -317,11 +318,13 @@ TEST_P(MoeLayouts, TwentyStepsMatchOneRankAuxLossIncluded) {
 INSTANTIATE_TEST_SUITE_P(Plugins, MoeLayouts,
                          ::testing::Values(MoeCase{2, 1, 1, 1}, MoeCase{2, 1, 1, 2}, MoeCase{2, 2, 1, 1},
                                            MoeCase{2, 2, 1, 2}, MoeCase{4, 2, 1, 1}, MoeCase{4, 2, 1, 2},
-                                           MoeCase{4, 2, 1, 4}, MoeCase{4, 1, 2, 2}),
+                                           MoeCase{4, 2, 1, 4}, MoeCase{4, 1, 2, 2}, MoeCase{2, 2, 1, 1, 2},
+                                           MoeCase{4, 2, 1, 2, 2}, MoeCase{4, 1, 1, 2, 2}),
                          [](const ::testing::TestParamInfo<MoeCase>& info) {
                            const MoeCase& c = info.param;
                            return "world" + std::to_string(c.world) + "_tp" + std::to_string(c.tp) + "_pp" +
-                                  std::to_string(c.pp) + "_ep" + std::to_string(c.ep);
+                                  std::to_string(c.pp) + "_ep" + std::to_string(c.ep) +
+                                  (c.etp > 1 ? "_etp" + std::to_string(c.etp) : "");
                          });
 
 // With a capacity factor, routing is per rank's tokens: under ep 2 each

@@ -54,19 +54,6 @@ std::vector<std::string> checkMoeSettings(const Recipe& recipe) {
                        std::to_string(tp) + " with a MoE model needs sequence parallelism (each tensor rank routes "
                        "its own sequence shard, as in Megatron-LM); set parallel.sequence_parallel: true");
   }
-  // Megatron's default: the expert tensor size is the dense one.
-  const int64_t etp = recipe.isExplicit("parallel.expert_tensor_parallel_size")
-                          ? recipe.getInt("parallel.expert_tensor_parallel_size")
-                          : tp;
-  if (etp > 1) {
-    const std::string key = recipe.isExplicit("parallel.expert_tensor_parallel_size")
-                                ? "parallel.expert_tensor_parallel_size"
-                                : "parallel.tensor_model_parallel_size";
-    problems.push_back(at(recipe, key) + "expert_tensor_parallel_size=" + std::to_string(etp) +
-                       (recipe.isExplicit("parallel.expert_tensor_parallel_size") ? "" : " (by default the tensor size)") +
-                       ": splitting each expert's weights is not executed by parallel/expert; set "
-                       "parallel.expert_tensor_parallel_size: 1");
-  }
   return problems;
 }
 

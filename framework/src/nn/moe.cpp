@@ -214,6 +214,9 @@ void MoeLayerImpl::setExpertParallel(std::shared_ptr<const ExpertParallelState> 
     PTRAIN_CHECK(state->ep_size >= 1 && config_.num_experts % state->ep_size == 0 &&
                      fc1->weight.size(0) == config_.num_experts / state->ep_size,
                  "moe: ", fc1->weight.size(0), " local experts of ", config_.num_experts, " for ep=", state->ep_size);
+    PTRAIN_CHECK(state->etp_size >= 1 && fc1->weight.size(1) * state->etp_size == config_.ffn_hidden_size,
+                 "moe: ", fc1->weight.size(1), " ffn features per expert of ", config_.ffn_hidden_size, " for etp=",
+                 state->etp_size);
   }
   ep_ = std::move(state);
 }
@@ -223,6 +226,9 @@ at::Tensor MoeLayerImpl::runExperts(const at::Tensor& rows, const std::vector<in
   // zero, which the data-parallel reduction over its replicas expects.
   const auto w1 = fc1->weight.unbind(0), b1 = fc1->bias.unbind(0);
   const auto w2 = fc2->weight.unbind(0), b2 = fc2->bias.unbind(0);
+  // Under expert tensor parallelism fc2's outputs are partial sums over the
+  // etp members: its bias joins on member 0 only.
+  const bool fc2Bias = !ep_ || ep_->etp_rank == 0;
   std::vector<at::Tensor> outputs;
   int64_t offset = 0;
   for (size_t e = 0; e < rowsPerExpert.size(); ++e) {
@@ -230,7 +236,7 @@ at::Tensor MoeLayerImpl::runExperts(const at::Tensor& rows, const std::vector<in
     offset += rowsPerExpert[e];
     at::Tensor hidden = config_.fused_bias_gelu ? nn::fusedBiasGelu(nn::linear(x, w1[e]), b1[e])
                                                 : nn::gelu(nn::linear(x, w1[e], b1[e]));
-    outputs.push_back(nn::linear(hidden, w2[e], b2[e]));
+    outputs.push_back(nn::linear(hidden, w2[e], fc2Bias ? b2[e] : at::Tensor()));
   }
   return torch::cat(outputs, 0);
 }
@@ -279,47 +285,79 @@ at::Tensor MoeLayerImpl::forward(const at::Tensor& input) {
 
   Permutation perm = permuteTokens(x, routing.routing_map, probs);
   const int epSize = ep_ ? ep_->ep_size : 1;
+  const int etpSize = ep_ ? ep_->etp_size : 1;
   const int64_t local = numExperts / epSize;
+  double* seconds = stats ? &stats->a2a_seconds : nullptr;
   at::Tensor expertOut;
-  if (epSize == 1) {
+  if (epSize == 1 && etpSize == 1) {
     expertOut = runExperts(perm.tokens, perm.expert_counts);
   } else {
-    ProcessGroup& group = *ep_->ep_group;
-    // Rows for each member: the experts it holds; then every member's row
-    // count per local expert, [ep, local].
-    std::vector<int64_t> sendSplits(static_cast<size_t>(epSize));
-    for (int j = 0; j < epSize; ++j) sendSplits[j] = sum(perm.expert_counts, j * local, (j + 1) * local);
-    at::Tensor sendCounts = torch::tensor(perm.expert_counts, at::kLong);
-    at::Tensor recvCounts = at::empty_like(sendCounts);
-    group.allToAll(recvCounts, sendCounts)->wait();
-    const std::vector<int64_t> received = toVector(recvCounts);  // [source][local expert]
-    std::vector<int64_t> recvSplits(static_cast<size_t>(epSize));
-    for (int j = 0; j < epSize; ++j) recvSplits[j] = sum(received, j * local, (j + 1) * local);
-
-    double* seconds = stats ? &stats->a2a_seconds : nullptr;
-    at::Tensor arrived = allToAllRows(perm.tokens, group, sendSplits, recvSplits, seconds);
-    // Arrived in (source, expert) chunks: regroup as (expert, source).
-    std::vector<int64_t> chunkStart(received.size());
-    std::exclusive_scan(received.begin(), received.end(), chunkStart.begin(), int64_t{0});
+    // 1. Over ep: each member gets the rows of the experts it holds. First
+    // every member's row count per local expert, [ep, local].
+    at::Tensor arrived = perm.tokens;
+    std::vector<int64_t> received = perm.expert_counts;  // [source][local expert]
+    std::vector<int64_t> sendSplits, recvSplits;
+    if (epSize > 1) {
+      ProcessGroup& group = *ep_->ep_group;
+      sendSplits.resize(static_cast<size_t>(epSize));
+      for (int j = 0; j < epSize; ++j) sendSplits[j] = sum(perm.expert_counts, j * local, (j + 1) * local);
+      at::Tensor sendCounts = torch::tensor(perm.expert_counts, at::kLong);
+      at::Tensor recvCounts = at::empty_like(sendCounts);
+      group.allToAll(recvCounts, sendCounts)->wait();
+      received = toVector(recvCounts);
+      recvSplits.resize(static_cast<size_t>(epSize));
+      for (int j = 0; j < epSize; ++j) recvSplits[j] = sum(received, j * local, (j + 1) * local);
+      arrived = allToAllRows(perm.tokens, group, sendSplits, recvSplits, seconds);
+    }
+    // 2. Over etp: every member computes its share of the features for the
+    // rows all members received: they share them (an all-to-all that sends
+    // each member the same rows; its backward sums the members' gradients).
+    const int64_t mine = arrived.size(0);
+    std::vector<int64_t> chunks = received;  // [etp member][source][local expert]
+    std::vector<int64_t> memberRows{mine};
+    at::Tensor pool = arrived;
+    if (etpSize > 1) {
+      ProcessGroup& group = *ep_->etp_group;
+      at::Tensor mineCounts = torch::tensor(received, at::kLong);
+      at::Tensor allCounts = at::empty({etpSize * mineCounts.numel()}, mineCounts.options());
+      group.allgather(allCounts, mineCounts)->wait();
+      chunks = toVector(allCounts);
+      memberRows.assign(static_cast<size_t>(etpSize), 0);
+      for (int t = 0; t < etpSize; ++t) memberRows[t] = sum(chunks, t * received.size(), (t + 1) * received.size());
+      pool = allToAllRows(arrived.repeat({etpSize, 1}), group, std::vector<int64_t>(etpSize, mine), memberRows,
+                          seconds);
+    }
+    // 3. The chunks (member, source, expert) regrouped by expert.
+    std::vector<int64_t> chunkStart(chunks.size());
+    std::exclusive_scan(chunks.begin(), chunks.end(), chunkStart.begin(), int64_t{0});
     std::vector<int64_t> order, rowsPerExpert(static_cast<size_t>(local), 0);
-    order.reserve(static_cast<size_t>(arrived.size(0)));
+    order.reserve(static_cast<size_t>(pool.size(0)));
+    const int sources = epSize;
     for (int64_t e = 0; e < local; ++e) {
-      for (int j = 0; j < epSize; ++j) {
-        const size_t c = static_cast<size_t>(j * local + e);
-        for (int64_t r = 0; r < received[c]; ++r) order.push_back(chunkStart[c] + r);
-        rowsPerExpert[static_cast<size_t>(e)] += received[c];
+      for (int t = 0; t < etpSize; ++t) {
+        for (int j = 0; j < sources; ++j) {
+          const size_t c = static_cast<size_t>((t * sources + j) * local + e);
+          for (int64_t r = 0; r < chunks[c]; ++r) order.push_back(chunkStart[c] + r);
+          rowsPerExpert[static_cast<size_t>(e)] += chunks[c];
+        }
       }
     }
     at::Tensor index = torch::tensor(order, at::kLong).to(x.device());
-    at::Tensor grouped = arrived.index_select(0, index);
-    at::Tensor computed = runExperts(grouped, rowsPerExpert);
-    at::Tensor inArrivalOrder = torch::zeros_like(computed).index_copy(0, index, computed);
-    expertOut = allToAllRows(inArrivalOrder, group, recvSplits, sendSplits, seconds);
+    at::Tensor computed = runExperts(pool.index_select(0, index), rowsPerExpert);
+    at::Tensor back = torch::zeros_like(computed).index_copy(0, index, computed);
+    // 4. Over etp: each member's partial outputs of my rows, summed.
+    if (etpSize > 1) {
+      back = allToAllRows(back, *ep_->etp_group, memberRows, std::vector<int64_t>(etpSize, mine), seconds)
+                 .view({etpSize, mine, h})
+                 .sum(0);
+    }
+    // 5. Over ep: back to the ranks the tokens came from.
+    expertOut = epSize > 1 ? allToAllRows(back, *ep_->ep_group, recvSplits, sendSplits, seconds) : back;
 
-    if (stats) {
+    if (stats && epSize > 1) {
       const double rowBytes = static_cast<double>(h * x.element_size());
       const int64_t sentAway = perm.tokens.size(0) - sendSplits[static_cast<size_t>(ep_->ep_rank)];
-      const int64_t returned = arrived.size(0) - recvSplits[static_cast<size_t>(ep_->ep_rank)];
+      const int64_t returned = mine - recvSplits[static_cast<size_t>(ep_->ep_rank)];
       // Forward dispatch and combine; backward the same amounts reversed.
       stats->a2a_bytes += 2.0 * rowBytes * static_cast<double>(sentAway + returned);
       stats->a2a_bytes_uniform +=

@@ -10,7 +10,11 @@
 //     pp: the data plugin sums its gradient over edp, norms count each expert
 //     once, checkpoints gather every expert (a run saved at one ep resumes at
 //     any other);
-//   - hands each layer the ep group and, under sequence parallelism, the
+//   - under expert tensor parallelism (etp > 1) also slices each expert's
+//     fc1 by output features and fc2 by input features (axis kExpertTensor);
+//     fc2's bias stays whole, added by etp member 0, and finishGradients sums
+//     its gradient over etp;
+//   - hands each layer the ep and etp groups and, under sequence parallelism, the
 //     tensor group (its ranks hold the other parts of the same sequences,
 //     over which the load-balancing loss counts tokens);
 //   - sets model.forward_sync (the world) when ep > 1, so that inference that
@@ -32,6 +36,7 @@
 
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/gradients.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/nn/moe.h"
@@ -48,9 +53,6 @@ class ExpertParallel final : public ParallelPlugin {
   }
 
   void apply(StagedModel& model, const LayoutGroups& groups) override {
-    const ParallelLayout& layout = groups.layout();
-    PTRAIN_CHECK_AS(ConfigError, layout.etp() == 1, "parallel.expert_tensor_parallel_size=", layout.etp(),
-                    ": splitting each expert's weights is not executed by parallel/expert; set it to 1");
     world_ = groups.worldGroup();
     dpSize_ = groups.group(GroupKind::kData)->size();
     auto ep = groups.group(GroupKind::kExpert);
@@ -58,6 +60,10 @@ class ExpertParallel final : public ParallelPlugin {
     state->ep_group = ep;
     state->ep_rank = ep->rank();
     state->ep_size = ep->size();
+    auto etp = groups.group(GroupKind::kExpertTensor);
+    state->etp_group = etp;
+    state->etp_rank = etp->rank();
+    state->etp_size = etp->size();
     auto tp = groups.group(GroupKind::kTensor);
     if (sequenceParallel_ && tp->size() > 1) {
       state->sequence_group = tp;
@@ -79,6 +85,9 @@ class ExpertParallel final : public ParallelPlugin {
       PTRAIN_CHECK_AS(ConfigError, total % ep->size() == 0, "parallel.expert_model_parallel_size=", ep->size(),
                       " does not divide model.num_experts=", total);
       const int64_t local = total / ep->size();
+      const int64_t ffn = layer->config().ffn_hidden_size;
+      PTRAIN_CHECK_AS(ConfigError, ffn % etp->size() == 0, "parallel.expert_tensor_parallel_size=", etp->size(),
+                      " does not divide the experts' ffn_hidden_size=", ffn);
       for (const auto& relative : nn::MoeLayerImpl::expertParameterNames()) {
         const std::string name = prefix + relative;
         at::Tensor& p = named[name];
@@ -88,13 +97,32 @@ class ExpertParallel final : public ParallelPlugin {
           p.set_data(p.narrow(0, state->ep_rank * local, local).clone());
           model.placement.addShard(name, ShardSpec{GroupKind::kExpert, 0, ep->size(), state->ep_rank, total});
         }
+        if (etp->size() == 1) continue;
+        // fc1 by its output features, fc2 by its input features; fc2's bias
+        // whole, added by member 0 only, its gradient summed over etp here.
+        const int dim = relative == "experts.fc2.weight" ? 2 : relative.rfind("experts.fc1.", 0) == 0 ? 1 : -1;
+        if (dim < 0) {
+          placement.partial_gradient = true;
+          etpPartial_.push_back(p);
+          continue;
+        }
+        const int64_t slice = ffn / etp->size();
+        p.set_data(p.narrow(dim, state->etp_rank * slice, slice).clone());
+        model.placement.addShard(name, ShardSpec{GroupKind::kExpertTensor, dim, etp->size(), state->etp_rank, ffn});
       }
       layer->setExpertParallel(state);
       layer->setStepContext(context_);
     }
     if (ep->size() > 1) model.forward_sync = world_;
-    logger()->debug("expert parallel over {}: {} MoE layers, {} of {} experts each", ep->name(), layers.size(),
-                    experts / ep->size(), experts);
+    etpGroup_ = etp;
+    logger()->debug("expert parallel over {} (expert tensor {}): {} MoE layers, {} of {} experts each", ep->name(),
+                    etp->name(), layers.size(), experts / ep->size(), experts);
+  }
+
+  // fc2's bias under expert tensor parallelism: member 0 computed its
+  // gradient (the others add no bias), every member needs it.
+  void finishGradients() override {
+    if (!etpPartial_.empty()) allReduceGradients(etpPartial_, *etpGroup_);
   }
 
   void beginStep(const StepInfo& info) override {
@@ -163,6 +191,8 @@ class ExpertParallel final : public ParallelPlugin {
   at::Device device_;  // where the world's collectives run (NCCL takes CUDA tensors only)
   bool sequenceParallel_ = false;
   std::shared_ptr<ProcessGroup> world_;
+  std::shared_ptr<ProcessGroup> etpGroup_;
+  std::vector<at::Tensor> etpPartial_;  // fc2 biases under etp > 1: gradients summed over etp
   int dpSize_ = 1;
   double globalMicroBatches_ = 1;
   std::shared_ptr<nn::MoeStepContext> context_;

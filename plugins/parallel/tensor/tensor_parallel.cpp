@@ -18,6 +18,7 @@
 
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/gradients.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/nn/tensor_parallel.h"
@@ -49,31 +50,7 @@ class TensorParallel final : public ParallelPlugin {
 
   void beginStep(const StepInfo&) override { state_->comm_bytes = 0; }
 
-  void finishGradients() override {
-    if (partial_.empty()) return;
-    int64_t total = 0;
-    for (const auto& p : partial_) total += p.numel();
-    // In the gradients' dtype: float32 main gradients under bf16 and fp16.
-    const at::Tensor& first = partial_.front();
-    const auto dtype = first.grad().defined() ? first.grad().scalar_type() : first.scalar_type();
-    at::Tensor buffer = torch::empty({total}, first.options().dtype(dtype).requires_grad(false));
-    int64_t offset = 0;
-    for (const auto& p : partial_) {
-      auto slice = buffer.narrow(0, offset, p.numel());
-      if (p.grad().defined()) slice.copy_(p.grad().reshape({-1}));
-      else slice.zero_();
-      offset += p.numel();
-    }
-    state_->group->allreduce(buffer)->wait();
-    state_->comm_bytes += total * static_cast<int64_t>(buffer.element_size());
-    offset = 0;
-    for (auto& p : partial_) {
-      auto slice = buffer.narrow(0, offset, p.numel()).view(p.sizes());
-      if (p.mutable_grad().defined()) p.mutable_grad().copy_(slice);
-      else p.mutable_grad() = slice.clone();
-      offset += p.numel();
-    }
-  }
+  void finishGradients() override { state_->comm_bytes += allReduceGradients(partial_, *state_->group); }
 
   std::map<std::string, double> stepStats() const override {
     if (!state_) return {};

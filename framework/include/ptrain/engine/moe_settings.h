@@ -25,8 +25,7 @@ struct PTRAIN_API MoeSettings {
 // model, moe_pad_expert_input_to_capacity without a capacity factor
 // (dropless routing has no capacity), a MoE model under tensor parallelism
 // without sequence parallelism (each tensor rank must route its own sequence
-// shard, as Megatron requires), and expert_tensor_parallel_size above 1
-// (not executed). `ptrain check` and `ptrain run` both ask it; the layout
+// shard, as Megatron requires). `ptrain check` and `ptrain run` both ask it; the layout
 // rules (experts divisible by ep, top-k, the expert grid) are checkLayout's.
 PTRAIN_API std::vector<std::string> checkMoeSettings(const Recipe& recipe);
 

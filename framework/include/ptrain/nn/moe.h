@@ -7,13 +7,17 @@
 //             tokens (a dropped token's MLP output is 0: the residual carries it)
 //   dispatch: (token, expert) pairs sorted by expert (permuteTokens); under
 //             expert parallelism an all-to-all over the ep group sends each
-//             expert its tokens (split sizes exchanged first, so uneven), the
-//             received chunks are regrouped by local expert
+//             expert its tokens (split sizes exchanged first, so uneven); under
+//             expert tensor parallelism the etp members then share what they
+//             received (an uneven all-gather), and the chunks are regrouped
+//             by local expert
 //   experts:  the block's MLP per expert, fc1 -> GELU (tanh) -> fc2, as one
 //             product per expert over its rows (no loop over tokens); weights
 //             stacked along dimension 0, [E, ...], so an ep split is a slice
-//   combine:  the reverse all-to-all, then each token's outputs weighted by
-//             their gates and summed (unpermuteTokens)
+//   combine:  (etp: each member's partial outputs summed back to the member
+//             that contributed the rows, a reduce-scatter) the reverse
+//             all-to-all, then each token's outputs weighted by their gates
+//             and summed (unpermuteTokens)
 //
 // Auxiliary losses (training only, Megatron's definitions):
 //   load balancing (switch): coeff * E / (N^2 k) * sum_i f_i P_i, f_i the
@@ -106,6 +110,12 @@ struct PTRAIN_API ExpertParallelState {
   std::shared_ptr<ProcessGroup> ep_group;
   int ep_rank = 0;
   int ep_size = 1;
+  // The ranks that split each expert's weights (expert tensor parallelism):
+  // fc1 by output features, fc2 by input features, fc2's bias added by
+  // member 0 only. Null or one rank: whole experts.
+  std::shared_ptr<ProcessGroup> etp_group;
+  int etp_rank = 0;
+  int etp_size = 1;
   // The ranks holding the other parts of the same sequences (the tensor
   // group under sequence parallelism): the load-balancing loss counts tokens
   // over it. Null: this rank holds whole sequences.
@@ -152,7 +162,9 @@ TORCH_MODULE(MoeRouter);
 
 // Parameter names: router.weight, experts.fc1.{weight,bias},
 // experts.fc2.{weight,bias}. Under expert parallelism the experts' tensors
-// hold this rank's slice of dimension 0 (ExpertParallelState).
+// hold this rank's slice of dimension 0, and under expert tensor parallelism
+// fc1's weight and bias their slice of the ffn features (dimension 1) and
+// fc2's weight its slice of dimension 2 (ExpertParallelState).
 class PTRAIN_API MoeLayerImpl : public torch::nn::Module {
  public:
   explicit MoeLayerImpl(const MoeConfig& config);
