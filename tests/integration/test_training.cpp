@@ -118,6 +118,28 @@ TEST(Training, ResumeContinuesBitForBit) {
   }
 }
 
+// configs/llm/gpt_recompute.yaml is the quickstart with full recomputation:
+// the same loss curve, bit for bit (dropout on, so the replayed random
+// streams matter).
+TEST(Training, RecomputeRecipeTrainsTheQuickstartsCurve) {
+  TempDir tmp;
+  const std::string configs = ptrain::test::sourceDir() + "/configs/";
+  const std::vector<std::string> shortRun = {"train.steps=30", "train.eval_every=0", "model.dropout=0.1",
+                                             "train.log_every=10", "log.progress=lines"};
+  auto r = train(configs + "quickstart.yaml", tmp.path() + "/plain", 2, shortRun);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* mode : {"full", "selective"}) {
+    std::vector<std::string> args = shortRun;
+    args.push_back(std::string("model.recompute=") + mode);
+    const std::string dir = tmp.path() + "/" + mode;
+    r = train(configs + "llm/gpt_recompute.yaml", dir, 2, args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto plain = readLosses(tmp.path() + "/plain"), again = readLosses(dir);
+    ASSERT_EQ(again.size(), 30u);
+    for (const auto& [step, rec] : plain) EXPECT_EQ(again.at(step).loss_text, rec.loss_text) << mode << " step " << step;
+  }
+}
+
 TEST(Training, ResumeRefusesMissingFolderWithOneLine) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);

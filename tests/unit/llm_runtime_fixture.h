@@ -48,6 +48,8 @@ inline RuntimeOptions llmOptions(const Recipe& recipe, const ParallelLayout& lay
   o.seed = 5;
   o.recipe = &recipe;
   o.precision = recipe.getString("precision.name");
+  o.recompute = recipe.getString("model.recompute");
+  o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
   if (trained) o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;
 }

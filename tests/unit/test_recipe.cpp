@@ -96,7 +96,8 @@ TEST(RecipeLoad, TypedValuesAndDefaults) {
                                       "model.moe_layer_freq", "model.moe_pad_expert_input_to_capacity",
                                       "model.moe_router_pre_softmax", "model.moe_router_score_function",
                                       "model.moe_router_topk", "model.moe_z_loss_coeff", "model.num_experts",
-                                      "model.num_layers", "model.tie_embeddings", "model.vocab_size"}));
+                                      "model.num_layers", "model.recompute", "model.recompute_num_layers",
+                                      "model.tie_embeddings", "model.vocab_size"}));
 }
 
 TEST(RecipeLoad, NameKeyWinsOverFileName) {

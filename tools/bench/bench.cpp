@@ -13,7 +13,7 @@
 // at pp=2 and pp=4 beside its formula. Then, for both sizes, fp32 / bf16 /
 // fp16 with every fusion off and on: ATen operators dispatched per step
 // (log.count_ops), step time and peak RSS, and what each fusion alone saves.
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe]` runs only the sections named.
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory]` runs only the sections named.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,8 +174,11 @@ int main(int argc, char** argv) {
   // `build/bin/ptrain_bench pipeline`.
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
-    if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe") {
-      std::fprintf(stderr, "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion or moe (default: all)\n",
+    if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
+        name != "memory") {
+      std::fprintf(stderr,
+                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe or memory (default: "
+                   "all)\n",
                    name.c_str());
       return 2;
     }
@@ -335,6 +338,20 @@ int main(int argc, char** argv) {
     }
     std::printf("(a2a: the token all-to-alls, dispatch and combine, forward and backward; bytes sent to the other rank,\n"
                 " summed over ranks; uniform: 4 x choices x h x 4 bytes x (ep-1)/ep; share: time in them / step time)\n");
+  }
+  // Memory levers on the large model, one process, dropout on (so the
+  // recomputation replays the random streams): peak RSS and step time.
+  if (runs("memory")) {
+    const GptSize& s = sizes.back();
+    std::printf("\nmemory levers, %s model, one process (peak RSS of the process, median step time):\n", s.name.c_str());
+    std::printf("%-22s %8s %8s %9s\n", "lever", "RSS MB", "step s", "vs none");
+    PtrainRun none = runPtrain(binary, source, s, warmup, 1, "model.dropout=0.1");
+    std::printf("%-22s %8.0f %8.3f %9s\n", "none", none.rss_mb, none.step_s, "");
+    for (const char* mode : {"full", "selective"}) {
+      PtrainRun run = runPtrain(binary, source, s, warmup, 1, std::string("model.dropout=0.1 model.recompute=") + mode);
+      std::printf("%-22s %8.0f %8.3f %8.2fx\n", (std::string("recompute ") + mode).c_str(), run.rss_mb, run.step_s,
+                  run.step_s / none.step_s);
+    }
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/fused.h"
 #include "ptrain/nn/ops.h"
+#include "ptrain/nn/recompute.h"
 
 namespace ptrain::llm {
 namespace {
@@ -58,7 +59,10 @@ at::Tensor GptEmbeddingImpl::forward(const at::Tensor& ids) {
 // ---- attention ----
 
 GptAttentionImpl::GptAttentionImpl(const GptConfig& c)
-    : head_dim_(c.headDim()), dropout_(c.dropout), fused_softmax_(c.fusion.masked_softmax) {
+    : head_dim_(c.headDim()),
+      dropout_(c.dropout),
+      fused_softmax_(c.fusion.masked_softmax),
+      recompute_core_(c.recompute_attention_core) {
   qkv = register_module("qkv", nn::ColumnParallelLinear(c.hidden_size, 3 * c.hidden_size, true, c.init_std));
   proj = register_module("proj", nn::RowParallelLinear(c.hidden_size, c.hidden_size, true, residualStd(c)));
   proj->skip_bias_add = c.fusion.bias_dropout_add;
@@ -70,11 +74,20 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
   // tensor-parallel shard this rank holds only some of them.
   at::Tensor qkvOut = qkv(x);
   const int64_t length = qkvOut.size(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor mask = additiveMask.narrow(0, 0, length).narrow(1, 0, length);
-  if (dropout_ <= 0 || !is_training()) {
-    return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, fused_softmax_));
+  // Selective recomputation: the core's activations (the [T, T] scores and
+  // probabilities of every head, the largest per layer) are not kept but
+  // recomputed in backward.
+  if (recompute_core_ && is_training()) {
+    return proj(nn::recomputed([this, mask](const std::vector<at::Tensor>& in) { return core(in[0], mask); }, {qkvOut}));
   }
+  return proj(core(qkvOut, mask));
+}
+
+at::Tensor GptAttentionImpl::core(const at::Tensor& qkvOut, const at::Tensor& mask) {
+  const int64_t length = qkvOut.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  if (dropout_ <= 0 || !is_training()) return nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, fused_softmax_);
   // Fused: the host kernel applies the dropout noise to the probabilities
   // itself, drawn as dropProbs below would draw it.
   if (fused_softmax_ && nn::hostAttentionApplies(qkvOut)) {
@@ -82,7 +95,7 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
     at::Tensor like = torch::empty({batch, heads, length, length}, qkvOut.options());
     at::Tensor noise = nn::isActive(tp_.get()) ? nn::dropoutNoise(like, dropout_, 1, tp_->size, tp_->rank)
                                                : nn::dropoutNoise(like, dropout_);
-    return proj(nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, true, noise.view({batch * heads, length, length})));
+    return nn::multiHeadAttention(qkvOut, head_dim_, scale, mask, true, noise.view({batch * heads, length, length}));
   }
   // A tensor-parallel rank holds heads [r * heads, (r + 1) * heads) of every
   // sample: draw the mask of all heads and keep those.
@@ -92,7 +105,7 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
     return nn::shardedDropout(probs.view({batch, heads, length, length}), dropout_, true, 1, tp_->size, tp_->rank)
         .view({batch * heads, length, length});
   };
-  return proj(nn::batchedAttention(qkvOut, head_dim_, scale, mask, dropProbs, fused_softmax_));
+  return nn::batchedAttention(qkvOut, head_dim_, scale, mask, dropProbs, fused_softmax_);
 }
 
 // ---- MLP ----

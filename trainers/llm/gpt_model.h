@@ -99,6 +99,10 @@ struct GptConfig {
   // moe_layer_freq-th block (0, freq, 2 freq, ...) has a MoE MLP of
   // num_experts copies of the block's MLP; `moe` holds the routing settings
   // (its sizes and layer number are filled in per block).
+  // Selective activation recomputation (model.recompute: selective): the
+  // attention core keeps only its input and is recomputed in backward.
+  bool recompute_attention_core = false;
+
   int64_t num_experts = 0;
   int64_t moe_layer_freq = 1;
   nn::MoeConfig moe;
@@ -149,9 +153,13 @@ class GptAttentionImpl : public torch::nn::Module {
   nn::RowParallelLinear proj{nullptr};
 
  private:
+  // Scores, mask, softmax, dropout and the product with v, for every head.
+  at::Tensor core(const at::Tensor& qkvOut, const at::Tensor& mask);
+
   int64_t head_dim_;
   double dropout_;
   bool fused_softmax_;
+  bool recompute_core_;
   TensorParallelStatePtr tp_;
 };
 TORCH_MODULE(GptAttention);

@@ -135,6 +135,7 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.fusion.bias_gelu = recipe.getBool("fusion.bias_gelu");
   c.fusion.layernorm = recipe.getBool("fusion.layernorm");
   c.fusion.bias_dropout_add = recipe.getBool("fusion.bias_dropout_add");
+  c.recompute_attention_core = recipe.getString("model.recompute") == "selective";
   const MoeSettings moe = MoeSettings::fromRecipe(recipe);
   c.num_experts = moe.num_experts;
   c.moe_layer_freq = moe.layer_freq;

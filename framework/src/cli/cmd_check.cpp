@@ -14,6 +14,7 @@
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/precision.h"
+#include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/moe_settings.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/pipeline/schedule.h"
@@ -117,6 +118,7 @@ int cmdCheck(const CheckArgs& args) {
     for (auto& p : checkParallelPlugins(layout, registry)) problems.push_back(std::move(p));
     for (auto& p : checkPrecision(recipe, registry)) problems.push_back(std::move(p));
     for (auto& p : checkMoeSettings(recipe)) problems.push_back(std::move(p));
+    for (auto& p : checkMemorySettings(recipe)) problems.push_back(std::move(p));
   } catch (const PluginLoadError& e) {
     problems.push_back(e.what());
   }

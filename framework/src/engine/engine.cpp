@@ -90,6 +90,8 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.device = device_;
   o.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   o.precision = recipe.getString("precision.name");
+  o.recompute = recipe.getString("model.recompute");
+  o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
   o.recipe = &recipe;
   o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;

@@ -5,6 +5,7 @@
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
+#include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/moe_settings.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
@@ -51,6 +52,7 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkParallelPlugins(layout, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkPrecision(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkMoeSettings(out.recipe)) problems.push_back(std::move(p));
+  for (auto& p : checkMemorySettings(out.recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <set>
 
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
@@ -10,6 +11,7 @@
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/nn/recompute.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {
@@ -32,6 +34,25 @@ struct BlockEdge : public torch::autograd::Function<BlockEdge> {
     (*onBackward)();
     return {grads[0], at::Tensor()};
   }
+};
+
+// model.recompute: full. The blocks in `blocks` keep only their input; their
+// forward runs again in backward (nn::recomputed). Added after every other
+// hook, so it wraps the block alone.
+class BlockRecompute final : public StepHooks {
+ public:
+  explicit BlockRecompute(std::set<int> blocks) : blocks_(std::move(blocks)) {}
+
+  at::Tensor runBlock(int index, const at::Tensor& input, const BlockRunner& next) override {
+    if (blocks_.count(index) == 0 || !torch::GradMode::is_enabled()) return next(input);
+    // Backward must reach the recomputation even when the input has no
+    // gradient of its own (a frozen embedding): the parameters inside do.
+    at::Tensor in = input.requires_grad() ? input : input.detach().requires_grad_(true);
+    return nn::recomputed([next](const std::vector<at::Tensor>& x) { return next(x[0]); }, {in});
+  }
+
+ private:
+  std::set<int> blocks_;
 };
 
 // The full tensor of a shard along one axis: gathered over that axis's group.
@@ -178,6 +199,16 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
         if ((*it)->observesBlockBackward()) (*it)->afterBlockBackward(b);
     };
     blockEvents_.emplace_back(before, after);
+  }
+
+  if (options_.recompute == "full") {
+    std::vector<int> mine;
+    for (int b = 0; b < model_->numBlocks(); ++b)
+      if (build.buildsBlock(b)) mine.push_back(b);
+    const size_t count = options_.recompute_num_layers > 0
+                             ? std::min(mine.size(), static_cast<size_t>(options_.recompute_num_layers))
+                             : mine.size();
+    addHooks(std::make_shared<BlockRecompute>(std::set<int>(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(count))));
   }
 
   if (options_.optimizer) {

@@ -38,6 +38,15 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("model.num_attention_heads", T::kInt, "", "Attention heads per layer; split across tensor-parallel ranks."), 1));
   s.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of the MLP inside each block; 0 means 4 * hidden_size."), 0));
   s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
+  s.add(oneOf(key("model.recompute", T::kString, "none",
+                  "Activation recomputation: `full` (a block keeps only its input and recomputes its forward in "
+                  "backward), `selective` (only the attention core is recomputed; the model must support it, as the "
+                  "llm trainer's GPT does), or `none`."),
+              {"none", "selective", "full"}));
+  s.add(atLeast(key("model.recompute_num_layers", T::kInt, "0",
+                    "With recompute: full, the first this many blocks of each pipeline stage are recomputed; 0: every "
+                    "block."),
+                0));
   s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
   s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
   s.add(atLeast(key("model.moe_layer_freq", T::kInt, "1", "Every this many blocks (0, freq, 2 freq, ...) has a MoE MLP; the others a dense one (MoE only)."), 1));

@@ -68,6 +68,12 @@ struct RuntimeOptions {
   at::Device device{at::kCPU};
   uint64_t seed = 0;           // torch's generator is seeded with it before the model is built
   std::string precision = "fp32";  // the precision plugin (precision.name)
+  // model.recompute: "full" recomputes whole blocks (the first
+  // recompute_num_layers of those this rank runs; 0: all) in backward;
+  // "selective" and "none" need nothing of the runtime (selective is the
+  // model's own, nn/recompute.h).
+  std::string recompute = "none";
+  int64_t recompute_num_layers = 0;
   // Options the parallel plugins read (parallel.*); null: their defaults.
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).

@@ -1,0 +1,19 @@
+// Checks of the memory levers' keys (model.recompute, ...): settings that
+// cannot work, one line each (location, key, what to change). `ptrain check`
+// and `ptrain run` both ask it; docs/memory.md explains the levers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ptrain/core/error.h"
+
+namespace ptrain {
+
+class Recipe;
+
+// recompute_num_layers without recompute: full; recompute_num_layers above
+// the blocks of a pipeline stage (num_layers / pipeline size, rounded up).
+PTRAIN_API std::vector<std::string> checkMemorySettings(const Recipe& recipe);
+
+}  // namespace ptrain
