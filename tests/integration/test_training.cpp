@@ -140,6 +140,35 @@ TEST(Training, RecomputeRecipeTrainsTheQuickstartsCurve) {
   }
 }
 
+// The first step reports each rank's memory: parameters, gradients, optimizer
+// states in the ratios AdamW and the precision imply, and activations that
+// full recomputation cuts down to the blocks' inputs.
+TEST(Training, FirstStepReportsMemoryByKind) {
+  TempDir tmp;
+  const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);
+  std::map<std::string, nlohmann::json> first;
+  for (const std::string name : {"fp32", "bf16", "recompute"}) {
+    std::vector<std::string> extra = {"train.steps=2"};
+    if (name == "bf16") extra.push_back("precision.name=bf16");
+    if (name == "recompute") extra.push_back("model.recompute=full");
+    auto r = train(recipe, tmp.path() + "/" + name, 1, extra);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    first[name] = nlohmann::json::parse(ptrain::test::readTrainingSteps(tmp.path() + "/" + name).at(1));
+    ASSERT_TRUE(first[name].contains("mem_activations")) << first[name].dump();
+  }
+  const double params = first["fp32"]["mem_params"].get<double>();
+  EXPECT_GT(params, 0);
+  // fp32: gradients as large as the parameters, AdamW's two moments twice that.
+  EXPECT_EQ(first["fp32"]["mem_grads"].get<double>(), params);
+  EXPECT_EQ(first["fp32"]["mem_optimizer"].get<double>(), 2 * params);
+  // bf16: 2-byte parameters, float32 gradients, moments and master weights.
+  EXPECT_EQ(first["bf16"]["mem_params"].get<double>(), params / 2);
+  EXPECT_EQ(first["bf16"]["mem_grads"].get<double>(), params);
+  EXPECT_EQ(first["bf16"]["mem_optimizer"].get<double>(), 3 * params);
+  EXPECT_LT(first["recompute"]["mem_activations"].get<double>(), 0.5 * first["fp32"]["mem_activations"].get<double>());
+  EXPECT_GT(first["recompute"]["mem_activations"].get<double>(), 0);
+}
+
 TEST(Training, ResumeRefusesMissingFolderWithOneLine) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);

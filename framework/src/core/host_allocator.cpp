@@ -6,6 +6,7 @@
 #include "ptrain/core/torch_compat.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -21,13 +22,15 @@ constexpr size_t kHeaderBytes = 64;
 
 struct BlockHeader {
   size_t size_class;  // 0: not cached (below the threshold)
+  size_t bytes;       // as requested
 };
 
 class HostCache {
  public:
   void* allocate(size_t bytes) {
+    live_ += static_cast<int64_t>(bytes);
     const size_t sizeClass = hostAllocationClass(bytes);
-    if (sizeClass < kMinCachedBytes) return place(c10::alloc_cpu(bytes + kHeaderBytes), 0);
+    if (sizeClass < kMinCachedBytes) return place(c10::alloc_cpu(bytes + kHeaderBytes), 0, bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.allocations;
@@ -38,17 +41,18 @@ class HostCache {
         it->second.pop_back();
         ++stats_.cache_hits;
         stats_.bytes_cached -= static_cast<int64_t>(sizeClass);
-        return place(base, sizeClass);
+        return place(base, sizeClass, bytes);
       }
       stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes_in_use + stats_.bytes_cached);
     }
-    return place(c10::alloc_cpu(sizeClass + kHeaderBytes), sizeClass);
+    return place(c10::alloc_cpu(sizeClass + kHeaderBytes), sizeClass, bytes);
   }
 
   void release(void* data) {
     if (data == nullptr) return;
     void* base = static_cast<char*>(data) - kHeaderBytes;
     const size_t sizeClass = static_cast<BlockHeader*>(base)->size_class;
+    live_ -= static_cast<int64_t>(static_cast<BlockHeader*>(base)->bytes);
     if (sizeClass == 0) {
       c10::free_cpu(base);
       return;
@@ -73,14 +77,19 @@ class HostCache {
 
   HostAllocatorStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
+    HostAllocatorStats out = stats_;
+    out.live_bytes = live_.load();
+    return out;
   }
 
  private:
-  static void* place(void* base, size_t sizeClass) {
+  static void* place(void* base, size_t sizeClass, size_t bytes) {
     static_cast<BlockHeader*>(base)->size_class = sizeClass;
+    static_cast<BlockHeader*>(base)->bytes = bytes;
     return static_cast<char*>(base) + kHeaderBytes;
   }
+
+  std::atomic<int64_t> live_{0};  // every live allocation, any size
 
   std::mutex mutex_;
   std::map<size_t, std::vector<void*>> free_;  // size class -> idle blocks
@@ -120,12 +129,19 @@ size_t hostAllocationClass(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+static std::atomic<bool> allocatorInstalled{false};
+
 void installCachingHostAllocator() {
   static CachingHostAllocator allocator;
   static std::once_flag once;
   // Priority above libtorch's default registration, so it stays in place.
-  std::call_once(once, [] { c10::SetCPUAllocator(&allocator, /*priority=*/10); });
+  std::call_once(once, [] {
+    c10::SetCPUAllocator(&allocator, /*priority=*/10);
+    allocatorInstalled = true;
+  });
 }
+
+bool cachingHostAllocatorInstalled() { return allocatorInstalled.load(); }
 
 void releaseCachedHostMemory() { cache().releaseAll(); }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "ptrain/comm/communicator.h"
+#include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/parallel_plugins.h"
@@ -309,13 +310,20 @@ StepResult ModelRuntime::step(const StepInput& input) {
       break;
     }
   }
+  // The first step measures what the first micro-batch's forward pass keeps
+  // for backward (on the host, through the caching allocator's count).
+  const bool measureActivations =
+      !memoryReported_ && device().is_cpu() && cachingHostAllocatorInstalled();
+  int64_t activationBytes = -1;
   if (!scheduled) {
     for (int m = 0; m < count; ++m) {
       const Batch& batch = micro[static_cast<size_t>(m)];
       run.before_backward(m, count);
+      const int64_t liveBefore = measureActivations && m == 0 ? hostAllocatorStats().live_bytes : 0;
       at::Tensor hidden = model_->embed(batch);
       for (int b = 0; b < model_->numBlocks(); ++b) hidden = model_->forwardBlock(b, hidden);
       LossOutput out = run.loss(hidden, batch);
+      if (measureActivations && m == 0) activationBytes = hostAllocatorStats().live_bytes - liveBefore;
       run.backwardLoss(out.loss_sum).backward();
       lossSum += out.loss_sum.item<double>();
     }
@@ -343,6 +351,10 @@ StepResult ModelRuntime::step(const StepInput& input) {
     const double gradScale = clipCoefficient(result.grad_norm, options_.optimizer->clip_grad) / lossScale;
     result.applied = optimizer_->step(result.lr, gradScale);
   }
+  if (!memoryReported_) {
+    memoryReported_ = true;
+    reportMemory(result, activationBytes);
+  }
   optimizer_->zeroGrad();
 
   at::Tensor lossT = torch::tensor({lossSum}, torch::TensorOptions(torch::kFloat64).device(device()));
@@ -355,6 +367,21 @@ StepResult ModelRuntime::step(const StepInput& input) {
   for (auto* h : hooks_)
     for (const auto& [k, v] : h->stepStats()) result.stats[k] = v;
   return result;
+}
+
+namespace {
+int64_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+}  // namespace
+
+void ModelRuntime::reportMemory(StepResult& result, int64_t activationBytes) {
+  int64_t params = 0, grads = 0, states = 0;
+  for (const auto& [name, p] : model_->localParameters()) params += bytesOf(p);
+  for (const auto& p : optimizer_->parameters()) grads += bytesOf(p.grad());
+  for (const auto& [name, t] : optimizer_->state()) states += bytesOf(t);
+  result.stats["mem_params"] = static_cast<double>(params);
+  result.stats["mem_grads"] = static_cast<double>(grads);
+  result.stats["mem_optimizer"] = static_cast<double>(states);
+  if (activationBytes >= 0) result.stats["mem_activations"] = static_cast<double>(activationBytes);
 }
 
 EvalContext ModelRuntime::evalContext() const {

@@ -29,6 +29,7 @@ struct HostAllocatorStats {
   int64_t bytes_in_use = 0;   // handed out and not yet freed (cacheable sizes, rounded up)
   int64_t bytes_cached = 0;   // freed and kept for reuse
   int64_t peak_bytes = 0;     // most of in_use + cached at once
+  int64_t live_bytes = 0;     // bytes of every tensor allocated and not yet freed, any size, as requested
 };
 
 // Makes the caching allocator libtorch's CPU allocator for this process.
@@ -40,6 +41,8 @@ PTRAIN_API void installCachingHostAllocator();
 PTRAIN_API void releaseCachedHostMemory();
 
 PTRAIN_API HostAllocatorStats hostAllocatorStats();
+// True once installCachingHostAllocator() made it libtorch's CPU allocator.
+PTRAIN_API bool cachingHostAllocatorInstalled();
 
 // The size a request of `bytes` is rounded up to: itself below the caching
 // threshold (64 KiB), else the next of eight classes per power of two.

@@ -125,7 +125,12 @@ class PTRAIN_API ModelRuntime {
 
   // One training step: forward and backward over the micro-batches, the
   // hooks' gradient work, clipping, and (unless a hook vetoes it) the
-  // optimizer step. Collective over the world.
+  // optimizer step. Collective over the world. The first step's stats carry
+  // this rank's memory: mem_params, mem_grads, mem_optimizer (bytes of the
+  // tensors it holds; optimizer: moments and float32 masters) and, on the
+  // host with the caching allocator and without a pipeline schedule,
+  // mem_activations (bytes the first micro-batch's forward pass keeps for
+  // backward).
   StepResult step(const StepInput& input);
 
   // For a trainer's evaluation: this rank's data-parallel shard, a sum over
@@ -160,6 +165,8 @@ class PTRAIN_API ModelRuntime {
  private:
   at::Tensor runBlock(int index, const at::Tensor& input);
   LossOutput runLoss(const StepInput& input, const at::Tensor& hidden, const Batch& micro);
+  // The first step's mem_* figures (see step()).
+  void reportMemory(StepResult& result, int64_t activationBytes);
 
   Communicator& comm_;
   RuntimeOptions options_;
@@ -175,6 +182,7 @@ class PTRAIN_API ModelRuntime {
   std::shared_ptr<StagedModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<bool> countedInNorm_;  // per optimizer parameter
+  bool memoryReported_ = false;
 };
 
 }  // namespace ptrain
