@@ -93,13 +93,8 @@ TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
 }
 
 nlohmann::json lastEval(const std::string& runDir) {
-  std::ifstream in(runDir + "/metrics.jsonl");
-  nlohmann::json last;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("eval_exact_match")) last = j;
-  }
-  return last;
+  const std::string line = ptrain::test::readLastEvaluation(runDir);
+  return line.empty() ? nlohmann::json::object() : nlohmann::json::parse(line);
 }
 
 TEST(ExpertParallelConfigs, GptMoeEp2ReachesTheQuickstartAccuracy) {

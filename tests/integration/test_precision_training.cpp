@@ -18,16 +18,9 @@ using ptrain::test::TempDir;
 
 namespace {
 
-// The last evaluation line of a run's metrics.jsonl.
 nlohmann::json lastEval(const std::string& runDir) {
-  std::ifstream in(runDir + "/metrics.jsonl");
-  std::string line;
-  nlohmann::json last;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("eval_exact_match")) last = j;
-  }
-  return last;
+  const std::string line = ptrain::test::readLastEvaluation(runDir);
+  return line.empty() ? nlohmann::json::object() : nlohmann::json::parse(line);
 }
 
 ptrain::test::ProcessResult run(const std::vector<std::string>& args) { return runPtrain(args, {}, 900); }

@@ -232,6 +232,15 @@ std::map<int, std::string> readTrainingSteps(const std::string& runDir) {
   return out;
 }
 
+std::string readLastEvaluation(const std::string& runDir) {
+  std::string last;
+  std::istringstream in(readFile(runDir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    if (nlohmann::json::parse(line).contains("eval_exact_match")) last = line;
+  }
+  return last;
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return "";

@@ -62,6 +62,9 @@ std::string runRanks(int worldSize, const std::function<void(int rank, int world
 // a step written twice (a resumed run appends) keeps its last line. Each
 // value is the JSON object as text, so callers can compare numbers bitwise.
 std::map<int, std::string> readTrainingSteps(const std::string& runDir);
+// The last evaluation line of RUN_DIR/metrics.jsonl (one with
+// "eval_exact_match"), as text; empty when there is none.
+std::string readLastEvaluation(const std::string& runDir);
 
 // |a - b| / |b|, the relative difference of a loss against its reference.
 double relDiff(double a, double b);

@@ -54,11 +54,13 @@ inline RuntimeOptions llmOptions(const Recipe& recipe, const ParallelLayout& lay
   return o;
 }
 
-inline ParallelLayout layoutOf(int world, int tp, int pp) {
+inline ParallelLayout layoutOf(int world, int tp, int pp, int ep = 1, int etp = 1) {
   LayoutSizes s;
   s.world = world;
   s.tp = tp;
   s.pp = pp;
+  s.ep = ep;
+  s.etp = etp;
   return ParallelLayout(s);
 }
 

@@ -256,16 +256,6 @@ std::vector<std::string> moeRecipe(int tp, int pp, int ep, int etp = 1) {
   return o;
 }
 
-ParallelLayout moeLayout(int world, int tp, int pp, int ep, int etp = 1) {
-  LayoutSizes s;
-  s.world = world;
-  s.tp = tp;
-  s.pp = pp;
-  s.ep = ep;
-  s.etp = etp;
-  return ParallelLayout(s);
-}
-
 struct Curve {
   std::vector<double> loss, aux;
 };
@@ -304,7 +294,7 @@ TEST_P(MoeLayouts, TwentyStepsMatchOneRankAuxLossIncluded) {
     llm::LlmTrainer trainer{PluginContext{}};
     Recipe recipe = llmRecipe(trainer, moeRecipe(c.tp, c.pp, c.ep, c.etp));
     trainer.setup(recipe);
-    auto comm = worldOf(rank, size, port, moeLayout(size, c.tp, c.pp, c.ep, c.etp));
+    auto comm = worldOf(rank, size, port, layoutOf(size, c.tp, c.pp, c.ep, c.etp));
     Curve got = trainMoe(*comm, trainer, recipe, kSteps);
     for (int step = 0; step < kSteps; ++step) {
       const double tol = step == 0 ? 1e-5 : 1e-4;
@@ -351,7 +341,7 @@ TEST(MoeRanks, CapacityDropsAndOutputsEqualOneRankComputingTheSameRouting) {
         item.value().set_data(expert ? full.narrow(0, rank * 2, 2).clone() : full.clone());
       }
     }
-    auto comm = worldOf(rank, size, port, moeLayout(2, 1, 1, 2));
+    auto comm = worldOf(rank, size, port, layoutOf(2, 1, 1, 2));
     auto state = std::make_shared<nn::ExpertParallelState>();
     state->ep_group = comm->groupsFor(comm->layout())->group(GroupKind::kExpert);
     state->ep_rank = rank;
