@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,6 +51,8 @@ inline RuntimeOptions llmOptions(const Recipe& recipe, const ParallelLayout& lay
   o.precision = recipe.getString("precision.name");
   o.recompute = recipe.getString("model.recompute");
   o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
+  // The disk tier's file is unlinked once mapped: a shared folder is enough.
+  o.offload = OffloadSettings::fromRecipe(recipe, (std::filesystem::temp_directory_path() / "ptrain-test-offload").string());
   if (trained) o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;
 }

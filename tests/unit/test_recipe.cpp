@@ -276,19 +276,22 @@ TEST(RecipeErrors, ValidateThrowsTheFirstAndCountsTheRest) {
 // Keys that are planned but not built: a value that would not run is refused
 // where it was written; what runs today, and the schema default, pass.
 TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
-  EXPECT_EQ(problemsOf(std::string(kMinimal) + "offload:\n  params: true\n"),
-            std::vector<std::string>{"r.yaml:6:11: offload.params: true is not implemented yet (no offload plugin "
-                                     "exists); remove it or set false"});
+  EXPECT_EQ(problemsOf(std::string(kMinimal) + "  eval_batches: 4\n"),
+            std::vector<std::string>{"r.yaml:5:17: train.eval_batches: 4 is not implemented yet (the trainer sizes "
+                                     "evaluation, e.g. the llm trainer's data.eval_size); remove it"});
   EXPECT_EQ(problemsOf(kMinimal, {"fusion.masked_softmax=yes", "train.eval_batches=8"}),
             (std::vector<std::string>{
                 "<command line>: train.eval_batches: 8 is not implemented yet (the trainer sizes evaluation, e.g. the "
                 "llm trainer's data.eval_size); remove it"}));
   // Through validate(): the first problem, as for any other mistake.
-  Recipe r = Recipe::fromString(kMinimal, "r.yaml", {"offload.optimizer=on"});
+  Recipe r = Recipe::fromString(kMinimal, "r.yaml", {"train.eval_batches=2"});
   EXPECT_EQ(errorOf([&] { r.validate(coreSchema()); }),
-            "<command line>: offload.optimizer: on is not implemented yet (no offload plugin exists); remove it or "
-            "set false");
+            "<command line>: train.eval_batches: 2 is not implemented yet (the trainer sizes evaluation, e.g. the "
+            "llm trainer's data.eval_size); remove it");
   // A wrong type is reported as such, not as a reserved value.
+  EXPECT_EQ(problemsOf(kMinimal, {"train.eval_batches=many"}),
+            std::vector<std::string>{
+                "<command line>: train.eval_batches: expected an integer, got 'many'; write a whole number such as 8"});
   EXPECT_EQ(problemsOf(kMinimal, {"offload.params=maybe"}),
             std::vector<std::string>{
                 "<command line>: offload.params: expected true or false, got 'maybe'; write true or false"});

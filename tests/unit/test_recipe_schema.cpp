@@ -324,8 +324,7 @@ TEST(RecipeSchema, KeyBuildersFillTheSpec) {
 TEST(RecipeSchema, CoreReservedKeys) {
   Schema s = coreSchema();
   const std::vector<std::pair<const char*, std::vector<std::string>>> reserved = {
-      {"offload.params", {"false"}},
-      {"offload.optimizer", {"false"}},      {"train.eval_batches", {}},
+      {"train.eval_batches", {}},
   };
   for (const auto& [path, accepts] : reserved) {
     const KeySpec* k = s.find(path);
@@ -339,6 +338,9 @@ TEST(RecipeSchema, CoreReservedKeys) {
   EXPECT_TRUE(device->reserved.empty());
   EXPECT_TRUE(s.find("train.steps")->reserved.empty());
   EXPECT_TRUE(s.find("parallel.context_parallel_size")->reserved.empty());
+  // Built: the offload plugin runs them.
+  for (const char* path : {"offload.params", "offload.grads", "offload.optimizer", "offload.tier"})
+    EXPECT_TRUE(s.find(path)->reserved.empty()) << path;
 }
 
 TEST(RecipeSchema, AddRejectsContradictoryReservedSpecs) {

@@ -16,6 +16,7 @@
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/moe_settings.h"
+#include "ptrain/engine/offload.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
@@ -119,11 +120,18 @@ int cmdCheck(const CheckArgs& args) {
     for (auto& p : checkPrecision(recipe, registry)) problems.push_back(std::move(p));
     for (auto& p : checkMoeSettings(recipe)) problems.push_back(std::move(p));
     for (auto& p : checkMemorySettings(recipe)) problems.push_back(std::move(p));
+    for (auto& p : checkOffload(recipe)) problems.push_back(std::move(p));
+    for (auto& p : checkOffloadFolder(recipe, "")) problems.push_back(std::move(p));
   } catch (const PluginLoadError& e) {
     problems.push_back(e.what());
   }
   if (!problems.empty()) return report(problems);
-  for (const auto& w : layoutWarnings(layout)) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
+  std::vector<std::string> warnings = layoutWarnings(layout);
+  {
+    const LayoutPlan sized = planLayout(layout);
+    for (auto& w : memorySettingWarnings(recipe, sized.dp, sized.edp)) warnings.push_back(std::move(w));
+  }
+  for (const auto& w : warnings) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
   // Values that are fine alone but not together (e.g. a sequence too short
   // for the dataset's problems) are the trainer's to judge, as in `run`.
   if (trainerPlugin) {

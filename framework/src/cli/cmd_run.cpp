@@ -16,6 +16,7 @@
 #include "ptrain/nn/host_kernels.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/offload.h"
 #include "ptrain/launch/launcher.h"
 
 namespace fs = std::filesystem;
@@ -87,6 +88,12 @@ int cmdRun(const RunArgs& args) {
   const int nproc = args.launch.nproc > 0 ? args.launch.nproc : prepared.world_size / nnodes;
 
   std::string runDir = args.run_dir;
+  {
+    // The disk tier writes under the run folder: a folder it cannot write is
+    // refused before any folder is made or worker started.
+    const auto problems = checkOffloadFolder(prepared.recipe, runDir);
+    if (!problems.empty()) throw ConfigError(problems.front());
+  }
   if (args.resume) {
     if (runDir.empty()) throw ConfigError("--resume needs --run-dir DIR: the folder of the run to continue");
     if (!fs::is_directory(runDir)) throw CheckpointError(runDir + ": run folder not found: nothing to resume");

@@ -92,6 +92,7 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.precision = recipe.getString("precision.name");
   o.recompute = recipe.getString("model.recompute");
   o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
+  o.offload = OffloadSettings::fromRecipe(recipe, runDir());
   o.recipe = &recipe;
   o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;

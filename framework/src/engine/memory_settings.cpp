@@ -28,4 +28,16 @@ std::vector<std::string> checkMemorySettings(const Recipe& recipe) {
   return problems;
 }
 
+std::vector<std::string> memorySettingWarnings(const Recipe& recipe, int64_t dp, int64_t edp) {
+  std::vector<std::string> warnings;
+  const std::string key = "optimizer.distributed";
+  const bool experts = recipe.has("model.num_experts") && recipe.getInt("model.num_experts") > 0;
+  if (recipe.getBool(key) && dp == 1 && (!experts || edp == 1)) {
+    warnings.push_back(recipe.location(key).str() + ": optimizer.distributed=true shards the optimizer over the " +
+                       "data-parallel group, which has 1 rank here: it saves no memory; set it to false, or " +
+                       "run with more ranks than tp * pp * cp");
+  }
+  return warnings;
+}
+
 }  // namespace ptrain

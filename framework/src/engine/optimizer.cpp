@@ -25,6 +25,7 @@ OptimizerOptions OptimizerOptions::fromRecipe(const Recipe& r) {
   o.schedule = r.getString("optimizer.lr_schedule");
   o.warmup_steps = r.getInt("optimizer.warmup_steps");
   o.total_steps = r.getInt("train.steps");
+  o.distributed = r.getBool("optimizer.distributed");
   return o;
 }
 
@@ -99,11 +100,27 @@ bool Optimizer::step(double lr, double gradScale) {
     }
   }
   ++step_;
-  update(items, gradScale, step_);
+  if (!update_observer) {
+    update(items, gradScale, step_);
+    for (const Item& item : items) {
+      if (master_[item.index].defined()) params_[item.index].copy_(master_[item.index]);
+    }
+    return true;
+  }
   for (const Item& item : items) {
+    update_observer(item.index, false);
+    update({item}, gradScale, step_);
     if (master_[item.index].defined()) params_[item.index].copy_(master_[item.index]);
+    update_observer(item.index, true);
   }
   return true;
+}
+
+std::vector<at::Tensor> Optimizer::stateOf(size_t i) const {
+  std::vector<at::Tensor> out;
+  for (const auto& slot : slots_) out.push_back(slot[i]);
+  if (master_[i].defined()) out.push_back(master_[i]);
+  return out;
 }
 
 void Optimizer::zeroGrad() {

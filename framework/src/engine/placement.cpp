@@ -80,10 +80,13 @@ GroupKind Placement::gradientReduceGroup(const ParameterPlacement& p, const Para
   return layout.cp() > 1 ? GroupKind::kDataContext : GroupKind::kData;
 }
 
-bool Placement::countedInNorm(const std::string& name, const ParallelLayout& layout, int rank) const {
+bool Placement::countedInNorm(const std::string& name, const ParallelLayout& layout, int rank,
+                              bool dataPartitioned) const {
   const ParameterPlacement& p = of(name);
   if (!p.held || p.mirror) return false;
   for (GroupKind axis : replicaAxes(p.grid)) {
+    const bool dataAxis = axis == GroupKind::kData || axis == GroupKind::kContext || axis == GroupKind::kExpertData;
+    if (dataPartitioned && dataAxis) continue;
     if (p.shardAlong(axis) == nullptr && layout.indexIn(axis, rank) != 0) return false;
   }
   return true;

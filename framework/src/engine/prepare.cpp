@@ -7,6 +7,7 @@
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/moe_settings.h"
+#include "ptrain/engine/offload.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
@@ -53,12 +54,15 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkPrecision(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkMoeSettings(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkMemorySettings(out.recipe)) problems.push_back(std::move(p));
+  for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
     throw ConfigError(os.str());
   }
   out.warnings = layoutWarnings(layout);
+  const LayoutPlan sized = planLayout(layout);
+  for (auto& w : memorySettingWarnings(out.recipe, sized.dp, sized.edp)) out.warnings.push_back(std::move(w));
   out.trainer->setup(out.recipe);
   return out;
 }

@@ -8,12 +8,14 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/distributed_optimizer.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/nn/recompute.h"
 #include "ptrain/plugin/registry.h"
+#include "ptrain/recipe/recipe.h"
 
 namespace ptrain {
 namespace {
@@ -158,7 +160,11 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   // experts; it matters only to a model with experts.
   LayoutSizes sizes = options_.layout.sizes();
   if (!experts) sizes.ep = sizes.etp = 1;
+  const bool distributedOptimizer = options_.optimizer && options_.optimizer->distributed;
   for (const auto& name : parallelPluginsFor(sizes, experts)) {
+    // The distributed optimizer reduces (reduce-scatters) the gradients over
+    // the data-parallel groups itself.
+    if (name == "data" && distributedOptimizer) continue;
     pluginObjects_.push_back(registry.create(plugin_kind::kParallel, name, ctx, "parallel"));
     parallel_.push_back(static_cast<ParallelPlugin*>(pluginObjects_.back().get()));
   }
@@ -215,10 +221,33 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   if (options_.optimizer) {
     OptimizerOptions optimizerOptions = *options_.optimizer;
     optimizerOptions.master_weights = optimizerOptions.master_weights || precision_->masterWeights();
-    optimizer_ = makeOptimizer(model_->localParameters(), optimizerOptions);
-    for (const auto& name : optimizer_->parameterNames()) {
-      countedInNorm_.push_back(model_->placement.countedInNorm(name, options_.layout, comm_.rank()));
+    if (distributedOptimizer) {
+      const int64_t bucketBytes =
+          options_.recipe ? static_cast<int64_t>(options_.recipe->getFloat("parallel.grad_bucket_size_mb") * (1 << 20))
+                          : int64_t{16} << 20;
+      distributed_ = std::make_shared<DistributedOptimizer>(model_->localParameters(), optimizerOptions,
+                                                            model_->placement, *groups_, bucketBytes);
+      optimizer_ = &distributed_->local();
+      countedInNorm_ = distributed_->countedInNorm();
+      // Right after the precision plugin: its finishGradients (hooks unwind
+      // in reverse) reduce-scatters what every parallel plugin has completed.
+      hooks_.insert(hooks_.begin() + 1, distributed_.get());
+    } else {
+      ownOptimizer_ = makeOptimizer(model_->localParameters(), optimizerOptions);
+      optimizer_ = ownOptimizer_.get();
+      for (const auto& name : optimizer_->parameterNames()) {
+        countedInNorm_.push_back(model_->placement.countedInNorm(name, options_.layout, comm_.rank()));
+      }
     }
+  }
+
+  if (options_.offload.any()) {
+    pluginObjects_.push_back(registry.create(plugin_kind::kOffload, "tiered", ctx, "offload.params"));
+    auto* offload = static_cast<OffloadPlugin*>(pluginObjects_.back().get());
+    offload->attach(*model_, optimizer_, options_.offload);
+    // The innermost block hook: inside a recomputation, around the block alone.
+    hooks_.push_back(offload);
+    observeBlocks_ = observeBlocks_ || offload->observesBlockBackward();
   }
 }
 
@@ -376,8 +405,14 @@ int64_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * static_c
 void ModelRuntime::reportMemory(StepResult& result, int64_t activationBytes) {
   int64_t params = 0, grads = 0, states = 0;
   for (const auto& [name, p] : model_->localParameters()) params += bytesOf(p);
-  for (const auto& p : optimizer_->parameters()) grads += bytesOf(p.grad());
-  for (const auto& [name, t] : optimizer_->state()) states += bytesOf(t);
+  for (const auto& [name, p] : model_->localParameters()) grads += bytesOf(p.grad());
+  if (distributed_) {
+    // The reduced ranges beside the model's own gradients.
+    for (const auto& p : optimizer_->parameters()) grads += bytesOf(p.grad());
+    states = distributed_->stateBytes();
+  } else {
+    for (const auto& [name, t] : optimizer_->state()) states += bytesOf(t);
+  }
   result.stats["mem_params"] = static_cast<double>(params);
   result.stats["mem_grads"] = static_cast<double>(grads);
   result.stats["mem_optimizer"] = static_cast<double>(states);
@@ -415,7 +450,7 @@ ModelRuntime::Tensors ModelRuntime::gatherForCheckpoint() {
     if (!placement.mirror(name)) params.emplace_back(name, unshard(t, placement.of(name), *groups_));
   }
   if (optimizer_) {
-    for (auto& [name, t] : optimizer_->state()) {
+    for (auto& [name, t] : distributed_ ? distributed_->fullState() : optimizer_->state()) {
       const std::string param = parameterOfState(name);
       if (!placement.mirror(param)) state.emplace_back(name, unshard(t, placement.of(param), *groups_));
     }
@@ -495,7 +530,11 @@ void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& param
     mine[name] = full && !p.shards.empty() ? p.sliceOfFull(t, name).contiguous() : t;
   }
   try {
-    optimizer_->load(mine, optimizerSteps);
+    if (distributed_) {
+      distributed_->loadFullState(mine, optimizerSteps);
+    } else {
+      optimizer_->load(mine, optimizerSteps);
+    }
     precision_->loadState(precisionState);
   } catch (const CheckpointError& e) {
     throw CheckpointError(detail::concat(where, ": ", e.what()));

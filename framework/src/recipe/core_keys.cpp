@@ -17,7 +17,6 @@ void describeCoreKeys(Schema& s) {
   using keys::required;
   using keys::reserved;
   using keys::unitBelowOne;
-  const char* const kNoOffload = "no offload plugin exists";
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
 
@@ -76,6 +75,7 @@ void describeCoreKeys(Schema& s) {
   s.add(unitBelowOne(key("optimizer.beta2", T::kFloat, "0.999", "Adam's second-moment decay.")));
   s.add(above(key("optimizer.eps", T::kFloat, "1e-8", "Adam's denominator term."), 0));
   s.add(unitBelowOne(key("optimizer.momentum", T::kFloat, "0.0", "SGD momentum.")));
+  s.add(key("optimizer.distributed", T::kBool, "false", "Shard optimizer states and float32 master weights over the data-parallel group (ZeRO-1): gradients reduce-scattered, parameters all-gathered."));
   s.add(atLeast(key("optimizer.clip_grad", T::kFloat, "1.0", "Clip the global gradient norm to this; 0 turns clipping off."), 0));
   s.add(oneOf(key("optimizer.lr_schedule", T::kString, "constant", "Learning-rate decay after warmup, down to min_lr at the last step."),
               {"constant", "linear", "cosine"}));
@@ -116,8 +116,11 @@ void describeCoreKeys(Schema& s) {
                   "Linear layers and attention on the CPU: `ptrain` splits their products over one thread pool itself (BLAS on one thread per call), `libtorch` uses libtorch's ops."),
               {"ptrain", "libtorch"}));
 
-  s.add(reserved(key("offload.params", T::kBool, "false", "Keep parameters in host memory between uses."), kNoOffload, {"false"}));
-  s.add(reserved(key("offload.optimizer", T::kBool, "false", "Keep optimizer state in host memory."), kNoOffload, {"false"}));
+  s.add(key("offload.params", T::kBool, "false", "Keep each block's parameters in the offload tier between its forward and backward passes (offload/tiered)."));
+  s.add(key("offload.grads", T::kBool, "false", "Keep gradients in the offload tier; backward accumulates into them there."));
+  s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer states and float32 masters in the offload tier; the optimizer steps one parameter at a time on the host."));
+  s.add(oneOf(key("offload.tier", T::kString, "auto", "Where offloaded tensors rest: `disk` (memory-mapped files under the run folder's offload/, on cpu); `auto` picks the tier of the device."),
+              {"auto", "disk"}));
 
   s.add(key("fusion.masked_softmax", T::kBool, "false", "Attention's scale, causal or padding mask and softmax in one pass, forward and backward."));
   s.add(key("fusion.bias_gelu", T::kBool, "false", "The MLP's bias add and GELU in one pass, forward and backward."));

@@ -51,6 +51,9 @@ struct PTRAIN_API OptimizerOptions {
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   bool master_weights = false;  // float32 copies of parameters of other dtypes
+  // States and masters sharded over the data-parallel group
+  // (engine/distributed_optimizer.h); read by the runtime.
+  bool distributed = false;
   static OptimizerOptions fromRecipe(const Recipe& recipe);
 };
 
@@ -91,8 +94,22 @@ class PTRAIN_API Optimizer {
   const std::vector<at::Tensor>& parameters() const { return params_; }
   const std::vector<std::string>& parameterNames() const { return names_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // The per-parameter state slots, e.g. {"exp_avg", "exp_avg_sq"}.
+  const std::vector<std::string>& slotNames() const { return slotNames_; }
   // The float32 copy of parameter i, or an undefined tensor.
   const at::Tensor& master(size_t i) const { return master_[i]; }
+  // The tensors the optimizer keeps for parameter i: its state slots, then
+  // its master when it has one. The same tensor objects it updates, so a
+  // caller may move their storage (Tensor::set_data, e.g. to an offload
+  // tier) between steps.
+  std::vector<at::Tensor> stateOf(size_t i) const;
+
+  // When set, step() updates the parameters one at a time and calls it
+  // before (done = false) and after (done = true) each one's update, with its
+  // index in parameters(): an offload tier brings the parameter's tensors in
+  // and writes them back. The arithmetic is the same (every kernel is
+  // element-wise).
+  std::function<void(size_t index, bool done)> update_observer;
 
   // State as named tensors "<slot>.<param>" (e.g. "exp_avg.blocks.0.w",
   // "master.blocks.0.w") for checkpoints, parameter by parameter, and back.

@@ -105,8 +105,11 @@ class PTRAIN_API Placement {
   // the whole world: the rank holds it, does not mirror it, and is the first
   // (index 0) of every group across which the parameter is replicated (the
   // grid's axes it is not split along, pipeline excepted), read from
-  // `layout` for global rank `rank`.
-  bool countedInNorm(const std::string& name, const ParallelLayout& layout, int rank) const;
+  // `layout` for global rank `rank`. With `dataPartitioned` the data-parallel
+  // axes (dp, cp and edp) split the value instead of replicating it (the
+  // distributed optimizer's ranges): every rank there counts its own part.
+  bool countedInNorm(const std::string& name, const ParallelLayout& layout, int rank,
+                     bool dataPartitioned = false) const;
 
  private:
   std::map<std::string, ParameterPlacement> entries_;

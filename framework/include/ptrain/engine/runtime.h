@@ -15,10 +15,16 @@
 //   5. each parallel plugin applies itself in order, recording placements;
 //   6. the optimizer takes the parameters this rank holds (none when the
 //      model is not trained, e.g. a frozen reference or a rollout copy),
-//      with float32 master weights when the precision plugin asks for them.
+//      with float32 master weights when the precision plugin asks for them
+//      (sharded over the data-parallel group under optimizer.distributed);
+//   7. with offload.* on, the offload plugin moves what they name to its
+//      tier (engine/offload.h).
 //
-// Step hooks run in this order: the precision plugin, the parallel plugins
-// (tensor, expert, pipeline, data), then hooks added with addHooks.
+// Step hooks run in this order: the precision plugin, the distributed
+// optimizer (optimizer.distributed, which then reduces the gradients over the
+// data-parallel groups in place of the data plugin), the parallel plugins
+// (tensor, expert, pipeline, data), block recomputation (model.recompute:
+// full), the offload plugin, then hooks added with addHooks.
 //
 // The default training loop (engine.h, train()) drives one runtime. A task
 // may drive several on different layouts of the same ranks (an actor, a
@@ -42,12 +48,14 @@
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/hooks.h"
 #include "ptrain/engine/model.h"
+#include "ptrain/engine/offload.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/layout/parallel_layout.h"
 
 namespace ptrain {
 
 class Communicator;
+class DistributedOptimizer;
 class LayoutGroups;
 class ParallelPlugin;
 class PrecisionPlugin;
@@ -74,6 +82,9 @@ struct RuntimeOptions {
   // model's own, nn/recompute.h).
   std::string recompute = "none";
   int64_t recompute_num_layers = 0;
+  // offload.*: when any is on, the offload plugin (offload/tiered) keeps
+  // them in its tier (engine/offload.h).
+  OffloadSettings offload;
   // Options the parallel plugins read (parallel.*); null: their defaults.
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).
@@ -110,7 +121,9 @@ class PTRAIN_API ModelRuntime {
   const ParallelLayout& layout() const { return options_.layout; }
   at::Device device() const { return options_.device; }
   // Null when the model is not trained.
-  Optimizer* optimizer() { return optimizer_.get(); }
+  // Under optimizer.distributed: the optimizer of this rank's ranges
+  // (engine/distributed_optimizer.h).
+  Optimizer* optimizer() { return optimizer_; }
   const std::vector<ParallelPlugin*>& parallelPlugins() const { return parallel_; }
   PrecisionPlugin& precision() { return *precision_; }
 
@@ -180,7 +193,9 @@ class PTRAIN_API ModelRuntime {
   // Per block: what runs when backward reaches its output, and its input.
   std::vector<std::pair<std::function<void()>, std::function<void()>>> blockEvents_;
   std::shared_ptr<StagedModel> model_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> ownOptimizer_;
+  std::shared_ptr<DistributedOptimizer> distributed_;  // optimizer.distributed
+  Optimizer* optimizer_ = nullptr;  // ownOptimizer_, or distributed_'s local optimizer
   std::vector<bool> countedInNorm_;  // per optimizer parameter
   bool memoryReported_ = false;
 };

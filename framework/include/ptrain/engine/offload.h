@@ -1,0 +1,71 @@
+// OffloadPlugin: the interface of an `offload` plugin (recipe section
+// `offload`; built in: tiered). It keeps a model's parameters, gradients and
+// optimizer states in a slower, larger tier between their uses, and brings
+// each in just before it is used:
+//
+//   offload.params     a block's parameters come in before its forward and
+//                      its backward (the next block's are prefetched) and go
+//                      back after;
+//   offload.grads      gradients rest in the tier; backward accumulates into
+//                      them there;
+//   offload.optimizer  optimizer states (moments, float32 masters) rest in
+//                      the tier; the optimizer steps one parameter at a time,
+//                      on the host, with that parameter's state brought in.
+//
+// A ModelRuntime creates the plugin when any of the three is on, after the
+// optimizer, and calls attach(); it is the last of the runtime's step hooks,
+// so its runBlock wraps the block alone (inside a recomputation).
+//
+// Values never change on the way: the same kernels run on the same numbers
+// in the same order, so losses are bitwise those of a run without offload.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ptrain/engine/hooks.h"
+#include "ptrain/plugin/plugin.h"
+
+namespace ptrain {
+
+class Optimizer;
+class Recipe;
+class StagedModel;
+
+// The keys of the recipe's `offload` section, and the folder the tier's
+// files go to.
+struct PTRAIN_API OffloadSettings {
+  bool params = false;
+  bool grads = false;
+  bool optimizer = false;
+  // auto: disk on cpu (memory-mapped files under `folder`); `disk` asks for
+  // it by name.
+  std::string tier = "auto";
+  std::string folder;  // the run folder's offload/ subfolder
+
+  bool any() const { return params || grads || optimizer; }
+  static OffloadSettings fromRecipe(const Recipe& recipe, const std::string& runDir);
+};
+
+// Settings that cannot work, one line each (location, key, what to change):
+// offload on a device no tier serves yet (cuda), offload together with
+// optimizer.distributed. Empty when offload is off. `ptrain check` and
+// `ptrain run` ask it.
+PTRAIN_API std::vector<std::string> checkOffload(const Recipe& recipe);
+// A run folder the disk tier cannot write: `runDir` (empty: the default
+// runs/<name>), or its nearest existing parent when it does not exist yet.
+// Empty when offload is off or the folder is writable.
+PTRAIN_API std::vector<std::string> checkOffloadFolder(const Recipe& recipe, const std::string& runDir);
+
+class PTRAIN_API OffloadPlugin : public Plugin, public StepHooks {
+ public:
+  ~OffloadPlugin() override;
+  const char* kind() const final { return plugin_kind::kOffload; }
+
+  // After the parallel and precision plugins applied and the optimizer was
+  // made (null: the model is not trained; only parameters are offloaded).
+  // Moves what `settings` names into the tier.
+  virtual void attach(StagedModel& model, Optimizer* optimizer, const OffloadSettings& settings) = 0;
+};
+
+}  // namespace ptrain

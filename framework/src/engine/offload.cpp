@@ -1,0 +1,86 @@
+#include "ptrain/engine/offload.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "ptrain/engine/device.h"
+#include "ptrain/recipe/recipe.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+
+OffloadPlugin::~OffloadPlugin() = default;
+
+OffloadSettings OffloadSettings::fromRecipe(const Recipe& recipe, const std::string& runDir) {
+  OffloadSettings s;
+  s.params = recipe.getBool("offload.params");
+  s.grads = recipe.getBool("offload.grads");
+  s.optimizer = recipe.getBool("offload.optimizer");
+  s.tier = recipe.getString("offload.tier");
+  s.folder = (fs::path(runDir) / "offload").string();
+  return s;
+}
+
+namespace {
+
+// The first key of the section that is on, for the location of a problem.
+std::string firstKeyOn(const Recipe& recipe) {
+  for (const char* key : {"offload.params", "offload.grads", "offload.optimizer"})
+    if (recipe.getBool(key)) return key;
+  return "offload.params";
+}
+
+// The folder itself when it exists, else its nearest existing parent: where
+// the run would create it.
+fs::path existingAncestor(fs::path p) {
+  std::error_code ec;
+  p = fs::absolute(p, ec);
+  while (!p.empty() && !fs::exists(p, ec)) {
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::string> checkOffload(const Recipe& recipe) {
+  std::vector<std::string> problems;
+  if (!OffloadSettings::fromRecipe(recipe, "").any()) return problems;
+  const std::string key = firstKeyOn(recipe);
+  const std::string where = recipe.location(key).str() + ": ";
+  const std::string device = recipe.getString("device");
+  if (device == "cuda" || (device == "auto" && cudaDeviceCount() > 0)) {
+    problems.push_back(where + key.substr(key.find('.') + 1) +
+                       "=true: offload/tiered serves the cpu device only (its disk tier); the pinned host tier for "
+                       "cuda is not built yet; set it to false, or run with device: cpu");
+    return problems;
+  }
+  if (recipe.getBool("optimizer.distributed")) {
+    problems.push_back(where + key.substr(key.find('.') + 1) +
+                       "=true with optimizer.distributed=true: offload moves the whole optimizer's tensors, the "
+                       "distributed optimizer keeps its own ranges; use one of the two");
+  }
+  return problems;
+}
+
+std::vector<std::string> checkOffloadFolder(const Recipe& recipe, const std::string& runDir) {
+  std::vector<std::string> problems;
+  if (!OffloadSettings::fromRecipe(recipe, runDir).any()) return problems;
+  const std::string key = firstKeyOn(recipe);
+  const std::string where = recipe.location(key).str() + ": ";
+  const fs::path folder = runDir.empty() ? fs::path("runs") / recipe.name() : fs::path(runDir);
+  const fs::path existing = existingAncestor(folder);
+  std::error_code ec;
+  if (existing.empty() || !fs::is_directory(existing, ec) || ::access(existing.c_str(), W_OK | X_OK) != 0) {
+    problems.push_back(where + "offload's disk tier writes its files under the run folder, and " +
+                       (existing.empty() ? folder.string() : existing.string()) +
+                       " is not writable; choose a writable --run-dir, or set offload." +
+                       key.substr(key.find('.') + 1) + " to false");
+  }
+  return problems;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,356 @@
+// offload/tiered: parameters, gradients and optimizer states rest in a tier
+// below the device's memory and come in only while they are used
+// (engine/offload.h for the keys and the contract).
+//
+// The disk tier (device cpu). One file per rank under the run folder's
+// offload/, reserved at its full size (posix_fallocate, so a full disk is an
+// error at start, not a crash later), mapped shared and unlinked at once: the
+// space returns to the file system when the process ends, however it ends,
+// and nothing is left behind for a resume to trip over. Every offloaded
+// tensor gets a page-aligned region. A tensor at rest *is* its region (a
+// tensor over the mapped pages), so anything that touches it between uses
+// (a checkpoint, an evaluation) still reads the right values; after each use
+// the plugin drops the region's pages from the process (madvise DONTNEED:
+// the kernel keeps them in its page cache or writes them to the file), so
+// they no longer count in the resident set, which stands for device memory
+// on this tier. Before a use it asks the kernel to read the next region
+// ahead (madvise WILLNEED), the disk tier's prefetch.
+//
+// Parameters (offload.params): the blocks' parameters. Before a block runs
+// (forward, or its backward: StepHooks::beforeBlockBackward) each parameter
+// is copied into a working tensor from the caching allocator and the
+// parameter points at it (Tensor::set_data, which autograd's saved copy of a
+// leaf follows); afterwards the parameter points back at its region and the
+// working tensor returns to the allocator. Uses nest (a recomputation inside
+// a backward), so a block is counted in and out. The embedding and the head
+// stay resident.
+//
+// Gradients (offload.grads): every trained parameter's gradient is a tensor
+// over its region from the first step on; backward accumulates into it in
+// place, and a block's gradients leave the resident set after its backward.
+//
+// Optimizer (offload.optimizer): the moments and float32 masters are moved
+// into regions once; the optimizer steps parameter by parameter
+// (Optimizer::update_observer) with the host AdamW kernel, and after each
+// parameter its state, its gradient and (when offloaded) the parameter leave
+// the resident set.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "ptrain/core/host_allocator.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/model.h"
+#include "ptrain/engine/offload.h"
+#include "ptrain/engine/optimizer.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t pageSize() {
+  static const int64_t size = ::sysconf(_SC_PAGESIZE);
+  return size;
+}
+
+int64_t pageRound(int64_t bytes) { return (bytes + pageSize() - 1) / pageSize() * pageSize(); }
+
+int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// One rank's file: regions handed out in order.
+class DiskTier {
+ public:
+  DiskTier(const std::string& folder, int rank, int64_t bytes) : size_(std::max<int64_t>(bytes, pageSize())) {
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    const std::string path =
+        (fs::path(folder) / ("rank" + std::to_string(rank) + "." + std::to_string(::getpid()) + ".bin")).string();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) fail("cannot create " + path, errno);
+    const int reserved = ::posix_fallocate(fd, 0, size_);
+    if (reserved != 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      fail("cannot reserve " + std::to_string(size_ >> 20) + " MiB in " + path, reserved);
+    }
+    void* base = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int mapError = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    if (base == MAP_FAILED) fail("cannot map " + path, mapError);
+    base_ = static_cast<char*>(base);
+  }
+  ~DiskTier() { ::munmap(base_, static_cast<size_t>(size_)); }
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // A new region shaped like `like` (dtype `dtype`), holding its values when
+  // `copy`, zeros otherwise (a fresh file reads as zeros).
+  at::Tensor place(const at::Tensor& like, at::ScalarType dtype, bool copy) {
+    const int64_t bytes = like.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+    PTRAIN_CHECK(used_ + pageRound(bytes) <= size_, "offload: the disk tier's file is full (", size_, " bytes)");
+    at::Tensor region = torch::from_blob(base_ + used_, like.sizes(), torch::TensorOptions().dtype(dtype));
+    used_ += pageRound(bytes);
+    if (copy) region.copy_(like.detach());
+    evict(region);
+    return region;
+  }
+  // The region's pages leave this process's resident set.
+  void evict(const at::Tensor& region) { advise(region, MADV_DONTNEED); }
+  // The kernel reads the region's pages ahead of their use.
+  void prefetch(const at::Tensor& region) { advise(region, MADV_WILLNEED); }
+  int64_t size() const { return size_; }
+
+ private:
+  [[noreturn]] static void fail(const std::string& what, int error) {
+    throw ConfigError("offload (disk tier): " + what + ": " + std::strerror(error) +
+                      "; choose a --run-dir on a file system with room, or turn offload off");
+  }
+  void advise(const at::Tensor& region, int advice) {
+    if (region.numel() == 0) return;
+    // Regions start on a page and own their last page.
+    ::madvise(region.data_ptr(), static_cast<size_t>(pageRound(bytesOf(region))), advice);
+  }
+
+  char* base_ = nullptr;
+  int64_t size_ = 0;
+  int64_t used_ = 0;
+};
+
+// An offloaded parameter of a block.
+struct RestingParameter {
+  at::Tensor param;    // the model's tensor (its data moves)
+  at::Tensor region;   // where it rests
+  int users = 0;       // nested uses in flight
+};
+
+class TieredOffload final : public OffloadPlugin {
+ public:
+  explicit TieredOffload(const PluginContext& ctx) : ctx_(ctx) {}
+  // The model may outlive the plugin (ModelRuntime::sharedModel()): its
+  // parameters and gradients go back to ordinary memory before the file's
+  // mapping does.
+  ~TieredOffload() override {
+    torch::NoGradGuard noGrad;
+    for (auto& block : blocks_)
+      for (auto& rp : block)
+        if (rp.users == 0) rp.param.set_data(rp.region.clone());
+    for (auto& slot : grads_) {
+      if (slot.region.defined() && slot.param.grad().defined() &&
+          slot.param.grad().data_ptr() == slot.region.data_ptr()) {
+        slot.param.mutable_grad() = slot.region.clone();
+      }
+    }
+  }
+
+  void attach(StagedModel& model, Optimizer* optimizer, const OffloadSettings& settings) override {
+    PTRAIN_CHECK_AS(ConfigError, ctx_.device.is_cpu(), "offload/tiered: tier '", settings.tier,
+                    "' serves the cpu device; this model computes on ", ctx_.device.str());
+    settings_ = settings;
+    torch::NoGradGuard noGrad;
+    auto named = model.localParameters();
+    // Bytes of every region, to reserve the file at once.
+    int64_t bytes = 0;
+    std::vector<std::vector<std::pair<std::string, at::Tensor>>> blocks(static_cast<size_t>(model.numBlocks()));
+    for (int b = 0; b < model.numBlocks(); ++b) {
+      const std::string prefix = model.blockPrefix(b);
+      for (const auto& [name, p] : named)
+        if (name.rfind(prefix, 0) == 0) blocks[static_cast<size_t>(b)].emplace_back(name, p);
+    }
+    if (settings.params)
+      for (const auto& block : blocks)
+        for (const auto& [name, p] : block) bytes += pageRound(bytesOf(p));
+    std::vector<at::Tensor> trained;
+    for (const auto& [name, p] : named)
+      if (p.requires_grad()) trained.push_back(p);
+    // Gradients are float32 or the parameter's dtype: room for float32.
+    if (settings.grads)
+      for (const auto& p : trained) bytes += pageRound(p.numel() * std::max<int64_t>(4, p.element_size()));
+    if (settings.optimizer && optimizer != nullptr)
+      for (size_t i = 0; i < optimizer->parameters().size(); ++i)
+        for (const auto& t : optimizer->stateOf(i)) bytes += pageRound(bytesOf(t));
+    tier_ = std::make_unique<DiskTier>(settings.folder, ctx_.rank, bytes);
+
+    if (settings.params) {
+      blocks_.resize(blocks.size());
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        for (const auto& [name, p] : blocks[b]) {
+          at::Tensor region = tier_->place(p, p.scalar_type(), /*copy=*/true);
+          p.set_data(region);
+          blocks_[b].push_back(RestingParameter{p, region, 0});
+          restingParam_[p.unsafeGetTensorImpl()] = region;
+        }
+      }
+    }
+    if (settings.grads) {
+      for (const auto& p : trained) grads_.push_back(GradSlot{p, at::Tensor()});
+    }
+    if (settings.optimizer && optimizer != nullptr) {
+      const auto& params = optimizer->parameters();
+      states_.resize(params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        for (const auto& t : optimizer->stateOf(i)) {
+          at::Tensor region = tier_->place(t, t.scalar_type(), /*copy=*/true);
+          t.set_data(region);
+          states_[i].push_back(region);
+        }
+      }
+      optimizer->update_observer = [this, optimizer](size_t index, bool done) {
+        if (!done) {
+          prefetchState(optimizer, index + 1);
+          return;
+        }
+        for (const auto& region : states_[index]) tier_->evict(region);
+        evictParameterAndGradient(optimizer->parameters()[index]);
+      };
+    } else if (settings.params || settings.grads) {
+      // Without optimizer offload the optimizer still steps on the parameters
+      // and gradients at rest: drop each from the resident set afterwards.
+      if (optimizer != nullptr) {
+        optimizer->update_observer = [this, optimizer](size_t index, bool done) {
+          if (done) evictParameterAndGradient(optimizer->parameters()[index]);
+        };
+      }
+    }
+    // The tensors that moved to the tier left their memory to the caching
+    // allocator: give it back, or the resident set would keep their size.
+    releaseCachedHostMemory();
+    if (ctx_.rank == 0 && ctx_.logger) {
+      ctx_.logger->info("offload: {}{}{}on disk, {:.1f} MiB mapped from {}", settings.params ? "parameters " : "",
+                        settings.grads ? "gradients " : "", settings.optimizer ? "optimizer states " : "",
+                        static_cast<double>(tier_->size()) / (1 << 20), settings.folder);
+    }
+  }
+
+  void beginStep(const StepInfo&) override {
+    inBytes_ = 0;
+    if (!settings_.grads) return;
+    torch::NoGradGuard noGrad;
+    // Once (and again if a plugin replaced a gradient): the gradient becomes
+    // its region, with the values it had (the precision plugin's float32
+    // zeros, or nothing yet).
+    for (auto& slot : grads_) {
+      const at::Tensor& g = slot.param.grad();
+      if (slot.region.defined() && g.defined() && g.data_ptr() == slot.region.data_ptr()) continue;
+      const at::ScalarType dtype = g.defined() ? g.scalar_type() : slot.param.scalar_type();
+      if (!slot.region.defined() || slot.region.scalar_type() != dtype) {
+        slot.region = tier_->place(slot.param, dtype, /*copy=*/false);
+      }
+      if (g.defined()) slot.region.copy_(g);
+      else slot.region.zero_();
+      slot.param.mutable_grad() = slot.region;
+      tier_->evict(slot.region);
+      restingGrad_[slot.param.unsafeGetTensorImpl()] = slot.region;
+    }
+  }
+
+  at::Tensor runBlock(int index, const at::Tensor& input, const BlockRunner& next) override {
+    if (!settings_.params) return next(input);
+    bringIn(index);
+    prefetchBlock(index + 1);
+    at::Tensor out = next(input);
+    sendBack(index);
+    return out;
+  }
+
+  bool observesBlockBackward() const override { return settings_.params || settings_.grads; }
+
+  void beforeBlockBackward(int index) override {
+    if (!settings_.params) return;
+    bringIn(index);
+    prefetchBlock(index - 1);
+  }
+
+  void afterBlockBackward(int index) override {
+    if (settings_.params) sendBack(index);
+    if (!settings_.grads || !settings_.params) return;
+    for (const auto& rp : blocks_[static_cast<size_t>(index)]) {
+      auto it = restingGrad_.find(rp.param.unsafeGetTensorImpl());
+      if (it != restingGrad_.end()) tier_->evict(it->second);
+    }
+  }
+
+  void finishGradients() override {
+    for (const auto& [impl, region] : restingGrad_) tier_->evict(region);
+  }
+
+  // The global norm (and an overflow check) read every gradient just
+  // before: out of the resident set again, until the optimizer reads each.
+  bool mayStep(const GradientCheck&) override {
+    for (const auto& [impl, region] : restingGrad_) tier_->evict(region);
+    return true;
+  }
+
+  std::map<std::string, double> stepStats() const override {
+    return {{"offload_in_bytes", static_cast<double>(inBytes_)},
+            {"offload_file_bytes", static_cast<double>(tier_ ? tier_->size() : 0)}};
+  }
+
+ private:
+  struct GradSlot {
+    at::Tensor param;
+    at::Tensor region;
+  };
+
+  void bringIn(int index) {
+    if (index < 0 || index >= static_cast<int>(blocks_.size())) return;
+    torch::NoGradGuard noGrad;
+    for (auto& rp : blocks_[static_cast<size_t>(index)]) {
+      if (rp.users++ > 0) continue;
+      at::Tensor working = torch::empty_like(rp.region);
+      working.copy_(rp.region);
+      rp.param.set_data(working);
+      tier_->evict(rp.region);
+      inBytes_ += bytesOf(working);
+    }
+  }
+
+  void sendBack(int index) {
+    if (index < 0 || index >= static_cast<int>(blocks_.size())) return;
+    for (auto& rp : blocks_[static_cast<size_t>(index)]) {
+      // Nothing writes a parameter while its block runs: the region still
+      // holds its values.
+      if (--rp.users == 0) rp.param.set_data(rp.region);
+    }
+  }
+
+  void prefetchBlock(int index) {
+    if (index < 0 || index >= static_cast<int>(blocks_.size())) return;
+    for (const auto& rp : blocks_[static_cast<size_t>(index)]) tier_->prefetch(rp.region);
+  }
+
+  void prefetchState(Optimizer* optimizer, size_t index) {
+    if (index >= states_.size()) return;
+    for (const auto& region : states_[index]) tier_->prefetch(region);
+    const at::Tensor& p = optimizer->parameters()[index];
+    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) tier_->prefetch(it->second);
+    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) tier_->prefetch(it->second);
+  }
+
+  void evictParameterAndGradient(const at::Tensor& p) {
+    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) tier_->evict(it->second);
+    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) tier_->evict(it->second);
+  }
+
+  PluginContext ctx_;
+  OffloadSettings settings_;
+  std::unique_ptr<DiskTier> tier_;
+  std::vector<std::vector<RestingParameter>> blocks_;
+  std::vector<GradSlot> grads_;
+  std::vector<std::vector<at::Tensor>> states_;  // per optimizer parameter
+  std::map<const c10::TensorImpl*, at::Tensor> restingParam_, restingGrad_;
+  int64_t inBytes_ = 0;
+};
+
+}  // namespace
+}  // namespace ptrain
+
+PTRAIN_DEFINE_PLUGIN(ptrain::plugin_kind::kOffload, "tiered", "0.1.0", ptrain::TieredOffload)
