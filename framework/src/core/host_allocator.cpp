@@ -5,6 +5,8 @@
 
 #include "ptrain/core/torch_compat.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -73,6 +75,12 @@ class HostCache {
     for (auto& [sizeClass, list] : blocks) {
       for (void* base : list) c10::free_cpu(base);
     }
+#ifdef __GLIBC__
+    // glibc serves blocks under its mmap threshold (raised up to 32 MiB as
+    // large blocks come and go) from its heap and keeps what is freed there:
+    // hand the free pages back to the system too.
+    ::malloc_trim(0);
+#endif
   }
 
   HostAllocatorStats stats() {

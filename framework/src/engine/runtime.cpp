@@ -218,6 +218,18 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
     addHooks(std::make_shared<BlockRecompute>(std::set<int>(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(count))));
   }
 
+  // Before the optimizer: the parameters' memory is free again when it
+  // allocates its state.
+  OffloadPlugin* offload = nullptr;
+  if (options_.offload.any()) {
+    pluginObjects_.push_back(registry.create(plugin_kind::kOffload, "tiered", ctx, "offload.params"));
+    offload = static_cast<OffloadPlugin*>(pluginObjects_.back().get());
+    offload->attachModel(*model_, options_.offload);
+    // The innermost block hook: inside a recomputation, around the block alone.
+    hooks_.push_back(offload);
+    observeBlocks_ = observeBlocks_ || offload->observesBlockBackward();
+  }
+
   if (options_.optimizer) {
     OptimizerOptions optimizerOptions = *options_.optimizer;
     optimizerOptions.master_weights = optimizerOptions.master_weights || precision_->masterWeights();
@@ -241,14 +253,7 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
     }
   }
 
-  if (options_.offload.any()) {
-    pluginObjects_.push_back(registry.create(plugin_kind::kOffload, "tiered", ctx, "offload.params"));
-    auto* offload = static_cast<OffloadPlugin*>(pluginObjects_.back().get());
-    offload->attach(*model_, optimizer_, options_.offload);
-    // The innermost block hook: inside a recomputation, around the block alone.
-    hooks_.push_back(offload);
-    observeBlocks_ = observeBlocks_ || offload->observesBlockBackward();
-  }
+  if (offload != nullptr && optimizer_ != nullptr) offload->attachOptimizer(*optimizer_);
 }
 
 ModelRuntime::~ModelRuntime() {

@@ -65,7 +65,17 @@ int64_t pageRound(int64_t bytes) { return (bytes + pageSize() - 1) / pageSize() 
 
 int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// One rank's file: regions handed out in order.
+// Regions start on a page and own their last page.
+void advise(const at::Tensor& region, int advice) {
+  if (region.numel() == 0) return;
+  ::madvise(region.data_ptr(), static_cast<size_t>(pageRound(bytesOf(region))), advice);
+}
+// A region's pages leave this process's resident set.
+void evict(const at::Tensor& region) { advise(region, MADV_DONTNEED); }
+// The kernel reads a region's pages ahead of their use.
+void prefetch(const at::Tensor& region) { advise(region, MADV_WILLNEED); }
+
+// One file: regions handed out in order.
 class DiskTier {
  public:
   DiskTier(const std::string& folder, int rank, int64_t bytes) : size_(std::max<int64_t>(bytes, pageSize())) {
@@ -103,10 +113,6 @@ class DiskTier {
     evict(region);
     return region;
   }
-  // The region's pages leave this process's resident set.
-  void evict(const at::Tensor& region) { advise(region, MADV_DONTNEED); }
-  // The kernel reads the region's pages ahead of their use.
-  void prefetch(const at::Tensor& region) { advise(region, MADV_WILLNEED); }
   int64_t size() const { return size_; }
 
  private:
@@ -114,12 +120,6 @@ class DiskTier {
     throw ConfigError("offload (disk tier): " + what + ": " + std::strerror(error) +
                       "; choose a --run-dir on a file system with room, or turn offload off");
   }
-  void advise(const at::Tensor& region, int advice) {
-    if (region.numel() == 0) return;
-    // Regions start on a page and own their last page.
-    ::madvise(region.data_ptr(), static_cast<size_t>(pageRound(bytesOf(region))), advice);
-  }
-
   char* base_ = nullptr;
   int64_t size_ = 0;
   int64_t used_ = 0;
@@ -151,39 +151,37 @@ class TieredOffload final : public OffloadPlugin {
     }
   }
 
-  void attach(StagedModel& model, Optimizer* optimizer, const OffloadSettings& settings) override {
+  void attachModel(StagedModel& model, const OffloadSettings& settings) override {
     PTRAIN_CHECK_AS(ConfigError, ctx_.device.is_cpu(), "offload/tiered: tier '", settings.tier,
                     "' serves the cpu device; this model computes on ", ctx_.device.str());
     settings_ = settings;
     torch::NoGradGuard noGrad;
     auto named = model.localParameters();
-    // Bytes of every region, to reserve the file at once.
-    int64_t bytes = 0;
-    std::vector<std::vector<std::pair<std::string, at::Tensor>>> blocks(static_cast<size_t>(model.numBlocks()));
+    std::vector<std::vector<at::Tensor>> blocks(static_cast<size_t>(model.numBlocks()));
     for (int b = 0; b < model.numBlocks(); ++b) {
       const std::string prefix = model.blockPrefix(b);
       for (const auto& [name, p] : named)
-        if (name.rfind(prefix, 0) == 0) blocks[static_cast<size_t>(b)].emplace_back(name, p);
+        if (name.rfind(prefix, 0) == 0) blocks[static_cast<size_t>(b)].push_back(p);
     }
-    if (settings.params)
-      for (const auto& block : blocks)
-        for (const auto& [name, p] : block) bytes += pageRound(bytesOf(p));
     std::vector<at::Tensor> trained;
     for (const auto& [name, p] : named)
       if (p.requires_grad()) trained.push_back(p);
-    // Gradients are float32 or the parameter's dtype: room for float32.
+    // Bytes of every region, to reserve the file at once; gradients are
+    // float32 or the parameter's dtype: room for float32.
+    int64_t bytes = 0;
+    if (settings.params)
+      for (const auto& block : blocks)
+        for (const auto& p : block) bytes += pageRound(bytesOf(p));
     if (settings.grads)
       for (const auto& p : trained) bytes += pageRound(p.numel() * std::max<int64_t>(4, p.element_size()));
-    if (settings.optimizer && optimizer != nullptr)
-      for (size_t i = 0; i < optimizer->parameters().size(); ++i)
-        for (const auto& t : optimizer->stateOf(i)) bytes += pageRound(bytesOf(t));
-    tier_ = std::make_unique<DiskTier>(settings.folder, ctx_.rank, bytes);
-
+    if (bytes == 0) return;
+    tiers_.push_back(std::make_unique<DiskTier>(settings.folder, ctx_.rank, bytes));
+    DiskTier& tier = *tiers_.back();
     if (settings.params) {
       blocks_.resize(blocks.size());
       for (size_t b = 0; b < blocks.size(); ++b) {
-        for (const auto& [name, p] : blocks[b]) {
-          at::Tensor region = tier_->place(p, p.scalar_type(), /*copy=*/true);
+        for (const auto& p : blocks[b]) {
+          at::Tensor region = tier.place(p, p.scalar_type(), /*copy=*/true);
           p.set_data(region);
           blocks_[b].push_back(RestingParameter{p, region, 0});
           restingParam_[p.unsafeGetTensorImpl()] = region;
@@ -191,42 +189,50 @@ class TieredOffload final : public OffloadPlugin {
       }
     }
     if (settings.grads) {
+      gradTier_ = &tier;
       for (const auto& p : trained) grads_.push_back(GradSlot{p, at::Tensor()});
-    }
-    if (settings.optimizer && optimizer != nullptr) {
-      const auto& params = optimizer->parameters();
-      states_.resize(params.size());
-      for (size_t i = 0; i < params.size(); ++i) {
-        for (const auto& t : optimizer->stateOf(i)) {
-          at::Tensor region = tier_->place(t, t.scalar_type(), /*copy=*/true);
-          t.set_data(region);
-          states_[i].push_back(region);
-        }
-      }
-      optimizer->update_observer = [this, optimizer](size_t index, bool done) {
-        if (!done) {
-          prefetchState(optimizer, index + 1);
-          return;
-        }
-        for (const auto& region : states_[index]) tier_->evict(region);
-        evictParameterAndGradient(optimizer->parameters()[index]);
-      };
-    } else if (settings.params || settings.grads) {
-      // Without optimizer offload the optimizer still steps on the parameters
-      // and gradients at rest: drop each from the resident set afterwards.
-      if (optimizer != nullptr) {
-        optimizer->update_observer = [this, optimizer](size_t index, bool done) {
-          if (done) evictParameterAndGradient(optimizer->parameters()[index]);
-        };
-      }
     }
     // The tensors that moved to the tier left their memory to the caching
     // allocator: give it back, or the resident set would keep their size.
     releaseCachedHostMemory();
+  }
+
+  void attachOptimizer(Optimizer& optimizer) override {
+    optimizer_ = &optimizer;
+    if (settings_.optimizer) {
+      int64_t bytes = 0;
+      for (size_t i = 0; i < optimizer.parameters().size(); ++i)
+        for (const auto& t : optimizer.stateOf(i)) bytes += pageRound(bytesOf(t));
+      if (bytes > 0) {
+        tiers_.push_back(std::make_unique<DiskTier>(settings_.folder, ctx_.rank, bytes));
+        DiskTier& tier = *tiers_.back();
+        states_.resize(optimizer.parameters().size());
+        for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
+          for (const auto& t : optimizer.stateOf(i)) {
+            at::Tensor region = tier.place(t, t.scalar_type(), /*copy=*/true);
+            t.set_data(region);
+            states_[i].push_back(region);
+          }
+        }
+        releaseCachedHostMemory();
+      }
+    }
+    // The optimizer steps on the parameters, gradients and states at rest:
+    // each leaves the resident set after its update (and the next is read
+    // ahead).
+    optimizer.update_observer = [this](size_t index, bool done) {
+      if (!done) {
+        prefetchUpdate(index + 1);
+        return;
+      }
+      if (index < states_.size())
+        for (const auto& region : states_[index]) evict(region);
+      evictParameterAndGradient(optimizer_->parameters()[index]);
+    };
     if (ctx_.rank == 0 && ctx_.logger) {
-      ctx_.logger->info("offload: {}{}{}on disk, {:.1f} MiB mapped from {}", settings.params ? "parameters " : "",
-                        settings.grads ? "gradients " : "", settings.optimizer ? "optimizer states " : "",
-                        static_cast<double>(tier_->size()) / (1 << 20), settings.folder);
+      ctx_.logger->info("offload: {}{}{}on disk, {:.1f} MiB mapped under {}", settings_.params ? "parameters " : "",
+                        settings_.grads ? "gradients " : "", settings_.optimizer ? "optimizer states " : "",
+                        static_cast<double>(fileBytes()) / (1 << 20), settings_.folder);
     }
   }
 
@@ -242,12 +248,12 @@ class TieredOffload final : public OffloadPlugin {
       if (slot.region.defined() && g.defined() && g.data_ptr() == slot.region.data_ptr()) continue;
       const at::ScalarType dtype = g.defined() ? g.scalar_type() : slot.param.scalar_type();
       if (!slot.region.defined() || slot.region.scalar_type() != dtype) {
-        slot.region = tier_->place(slot.param, dtype, /*copy=*/false);
+        slot.region = gradTier_->place(slot.param, dtype, /*copy=*/false);
       }
       if (g.defined()) slot.region.copy_(g);
       else slot.region.zero_();
       slot.param.mutable_grad() = slot.region;
-      tier_->evict(slot.region);
+      evict(slot.region);
       restingGrad_[slot.param.unsafeGetTensorImpl()] = slot.region;
     }
   }
@@ -274,24 +280,29 @@ class TieredOffload final : public OffloadPlugin {
     if (!settings_.grads || !settings_.params) return;
     for (const auto& rp : blocks_[static_cast<size_t>(index)]) {
       auto it = restingGrad_.find(rp.param.unsafeGetTensorImpl());
-      if (it != restingGrad_.end()) tier_->evict(it->second);
+      if (it != restingGrad_.end()) evict(it->second);
     }
   }
 
   void finishGradients() override {
-    for (const auto& [impl, region] : restingGrad_) tier_->evict(region);
+    for (const auto& [impl, region] : restingGrad_) evict(region);
   }
 
   // The global norm (and an overflow check) read every gradient just
   // before: out of the resident set again, until the optimizer reads each.
   bool mayStep(const GradientCheck&) override {
-    for (const auto& [impl, region] : restingGrad_) tier_->evict(region);
+    for (const auto& [impl, region] : restingGrad_) evict(region);
     return true;
+  }
+
+  // The optimizer's zeroGrad() wrote every gradient.
+  void afterStep(const StepResult&) override {
+    for (const auto& [impl, region] : restingGrad_) evict(region);
   }
 
   std::map<std::string, double> stepStats() const override {
     return {{"offload_in_bytes", static_cast<double>(inBytes_)},
-            {"offload_file_bytes", static_cast<double>(tier_ ? tier_->size() : 0)}};
+            {"offload_file_bytes", static_cast<double>(fileBytes())}};
   }
 
  private:
@@ -308,7 +319,7 @@ class TieredOffload final : public OffloadPlugin {
       at::Tensor working = torch::empty_like(rp.region);
       working.copy_(rp.region);
       rp.param.set_data(working);
-      tier_->evict(rp.region);
+      evict(rp.region);
       inBytes_ += bytesOf(working);
     }
   }
@@ -324,28 +335,37 @@ class TieredOffload final : public OffloadPlugin {
 
   void prefetchBlock(int index) {
     if (index < 0 || index >= static_cast<int>(blocks_.size())) return;
-    for (const auto& rp : blocks_[static_cast<size_t>(index)]) tier_->prefetch(rp.region);
+    for (const auto& rp : blocks_[static_cast<size_t>(index)]) prefetch(rp.region);
   }
 
-  void prefetchState(Optimizer* optimizer, size_t index) {
-    if (index >= states_.size()) return;
-    for (const auto& region : states_[index]) tier_->prefetch(region);
-    const at::Tensor& p = optimizer->parameters()[index];
-    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) tier_->prefetch(it->second);
-    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) tier_->prefetch(it->second);
+  void prefetchUpdate(size_t index) {
+    if (optimizer_ == nullptr || index >= optimizer_->parameters().size()) return;
+    if (index < states_.size())
+      for (const auto& region : states_[index]) prefetch(region);
+    const at::Tensor& p = optimizer_->parameters()[index];
+    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) prefetch(it->second);
+    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) prefetch(it->second);
   }
 
   void evictParameterAndGradient(const at::Tensor& p) {
-    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) tier_->evict(it->second);
-    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) tier_->evict(it->second);
+    if (auto it = restingParam_.find(p.unsafeGetTensorImpl()); it != restingParam_.end()) evict(it->second);
+    if (auto it = restingGrad_.find(p.unsafeGetTensorImpl()); it != restingGrad_.end()) evict(it->second);
   }
 
   PluginContext ctx_;
   OffloadSettings settings_;
-  std::unique_ptr<DiskTier> tier_;
+  int64_t fileBytes() const {
+    int64_t total = 0;
+    for (const auto& t : tiers_) total += t->size();
+    return total;
+  }
+
+  std::vector<std::unique_ptr<DiskTier>> tiers_;  // one file per attach
+  DiskTier* gradTier_ = nullptr;
+  Optimizer* optimizer_ = nullptr;
   std::vector<std::vector<RestingParameter>> blocks_;
   std::vector<GradSlot> grads_;
-  std::vector<std::vector<at::Tensor>> states_;  // per optimizer parameter
+  std::vector<std::vector<at::Tensor>> states_;  // regions, per optimizer parameter
   std::map<const c10::TensorImpl*, at::Tensor> restingParam_, restingGrad_;
   int64_t inBytes_ = 0;
 };

@@ -9,7 +9,7 @@
 // so a block is at most 12.5% larger than asked) and hands them out again:
 // after the first step, a step whose tensor sizes repeat allocates nothing
 // from the system. Freed blocks stay with the process until
-// releaseCachedHostMemory() or its end: a phase with new sizes (evaluation,
+// releaseCachedHostMemory() (which also trims glibc's heap) or its end: a phase with new sizes (evaluation,
 // a last partial batch) adds its own classes.
 //
 // Installed per worker process by `cpu.allocator: caching` (the default);

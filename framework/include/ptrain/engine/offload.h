@@ -12,9 +12,10 @@
 //                      the tier; the optimizer steps one parameter at a time,
 //                      on the host, with that parameter's state brought in.
 //
-// A ModelRuntime creates the plugin when any of the three is on, after the
-// optimizer, and calls attach(); it is the last of the runtime's step hooks,
-// so its runBlock wraps the block alone (inside a recomputation).
+// A ModelRuntime creates the plugin when any of the three is on, calls
+// attachModel() before it makes the optimizer and attachOptimizer() after; it
+// is the innermost of the runtime's block hooks, so its runBlock wraps the
+// block alone (inside a recomputation).
 //
 // Values never change on the way: the same kernels run on the same numbers
 // in the same order, so losses are bitwise those of a run without offload.
@@ -62,10 +63,15 @@ class PTRAIN_API OffloadPlugin : public Plugin, public StepHooks {
   ~OffloadPlugin() override;
   const char* kind() const final { return plugin_kind::kOffload; }
 
-  // After the parallel and precision plugins applied and the optimizer was
-  // made (null: the model is not trained; only parameters are offloaded).
-  // Moves what `settings` names into the tier.
-  virtual void attach(StagedModel& model, Optimizer* optimizer, const OffloadSettings& settings) = 0;
+  // After the parallel and precision plugins applied, before the optimizer
+  // exists: moves the parameters (and makes room for the gradients) that
+  // `settings` names into the tier, so that their memory is free again
+  // before the optimizer allocates its state.
+  virtual void attachModel(StagedModel& model, const OffloadSettings& settings) = 0;
+  // After the optimizer was made (not called for a model that is not
+  // trained): moves its state when settings.optimizer, and steps it one
+  // parameter at a time.
+  virtual void attachOptimizer(Optimizer& optimizer) = 0;
 };
 
 }  // namespace ptrain
