@@ -178,6 +178,22 @@ double LlmTrainer::trainFlops(double tokens) const {
   return tokens * (6 * matmulParams + attention);
 }
 
+std::optional<plan::ModelShape> LlmTrainer::modelShape() const {
+  plan::ModelShape m;
+  m.name = config_.num_experts > 0 ? "GPT-MoE" : "GPT";
+  m.num_layers = config_.num_layers;
+  m.hidden = config_.hidden_size;
+  m.heads = config_.num_heads;
+  m.ffn = config_.ffnSize();
+  m.seq = config_.seq_length;
+  m.vocab = config_.paddedVocab();
+  m.tied_embeddings = config_.tie_embeddings;
+  m.num_experts = config_.num_experts;
+  m.topk = config_.moe.topk;
+  m.moe_layer_freq = config_.moe_layer_freq;
+  return m;
+}
+
 GptModel& LlmTrainer::ownModel(StagedModel& model) {
   for (const auto& w : built_) {
     if (auto p = w.lock(); p && p.get() == &model) return *p;

@@ -50,6 +50,7 @@ class LlmTrainer : public Trainer {
   // for forward + backward, plus 12 * layers * hidden * seq_length per token
   // for the attention scores and their use (QK^T and PV, forward + backward).
   double trainFlops(double tokens) const override;
+  std::optional<plan::ModelShape> modelShape() const override;
   // eval_exact_match: the fraction of this run's evaluation problems whose
   // greedy decoding equals the answer followed by EOS; eval_loss: mean
   // cross-entropy per answer token on the same problems. Each data-parallel

@@ -47,6 +47,17 @@ int main(int argc, char** argv) {
   checkCmd->add_option("--nproc", check.nproc, "world size to check against (default: launch.nproc, else 1)")
       ->check(CLI::PositiveNumber);
 
+  PlanArgs planArgs;
+  auto* planCmd = app.add_subcommand(
+      "plan", "predict one rank's memory and step time for a recipe's layout on a cluster, and what to change");
+  planCmd->add_option("recipe", planArgs.recipe, "recipe file (YAML)")->required();
+  planCmd->add_option("overrides", planArgs.overrides, "overrides such as train.micro_batch_size=2");
+  planCmd->add_option("--nproc", planArgs.nproc, "world size (default: the cluster's count, else launch.nproc)")
+      ->check(CLI::PositiveNumber);
+  auto* clusterOpt = planCmd->add_option("--cluster", planArgs.cluster, "cluster file (YAML): groups of devices");
+  planCmd->add_option("--device", planArgs.device, "a device preset (A100-80G, H100-80G, ...) or host (default)")
+      ->excludes(clusterOpt);
+
   std::vector<std::string> pluginPaths;
   auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");
   pluginsCmd->add_option("--path", pluginPaths, "extra folders or files to search first");
@@ -90,6 +101,7 @@ int main(int argc, char** argv) {
   try {
     if (runCmd->parsed()) return cmdRun(run);
     if (checkCmd->parsed()) return cmdCheck(check);
+    if (planCmd->parsed()) return cmdPlan(planArgs);
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);

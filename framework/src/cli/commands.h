@@ -44,7 +44,16 @@ struct BenchCommArgs {
   std::vector<std::string> argv;
 };
 
+struct PlanArgs {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  int nproc = 0;        // 0: the cluster's count, else the recipe's launch.nproc
+  std::string cluster;  // a cluster file (YAML); empty: --device
+  std::string device;   // a preset name, or host (the default: this machine, measured)
+};
+
 int cmdRun(const RunArgs& args);
+int cmdPlan(const PlanArgs& args);
 int cmdCheck(const CheckArgs& args);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);

@@ -8,9 +8,11 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 
+#include "ptrain/plan/cost_model.h"
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/plugin/plugin.h"
@@ -61,6 +63,9 @@ class PTRAIN_API Trainer : public Plugin {
   virtual double tokensIn(const Batch& batch) const = 0;
   // FLOPs of one training step on `tokens` tokens (forward + backward), for MFU.
   virtual double trainFlops(double tokens) const { return 0; }
+  // After setup: the model's shape for the planner's cost model (`ptrain
+  // plan`, plan/cost_model.h); nullopt for a model it cannot size.
+  virtual std::optional<plan::ModelShape> modelShape() const { return std::nullopt; }
   // Metrics named eval_* (e.g. eval_exact_match in [0, 1], eval_loss).
   virtual std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) = 0;
 

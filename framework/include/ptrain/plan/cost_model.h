@@ -1,0 +1,155 @@
+// The planner's cost model: what one rank of a layout holds in memory and how
+// long a training step takes, for a GPT-shaped transformer on a described
+// device, without running anything. `ptrain plan` prints it (docs/planning.md).
+//
+// Memory per rank (the pipeline's first and last stages, the fullest ones):
+//   parameters   the rank's share, counted as ptrain builds the model: each
+//                block's weights split by tp (row-parallel biases and layer
+//                norms replicated), experts by ep and etp, the vocabulary
+//                embedding by tp, positions whole; the first stage holds the
+//                embedding, the last the head (and, with tied embeddings
+//                under a pipeline, its own copy of the embedding);
+//   gradients    4 bytes per parameter (float32 main gradients in bf16/fp16);
+//   optimizer    AdamW: two float32 moments, plus float32 masters for bf16 and
+//                fp16; SGD with momentum: one; under the distributed optimizer
+//                divided by the data-parallel size, plus float32 copies and
+//                reduced gradients of the rank's ranges;
+//   activations  Korthikanti et al. (2022): per block s b h (34 + 5 a s / h)
+//                bytes in 16-bit (general ffn: 11 + 5as/h attention, 3 + 4f/h
+//                MLP, 4 layer norms), divided by tp as sequence parallelism
+//                allows (10 + (8 + 4f/h) / t without it), the attention core
+//                dropped by selective recomputation, only the block's input
+//                kept by full recomputation (plus one block recomputing);
+//                doubled for float32; times the micro-batches a stage holds
+//                at once (1F1B: min(pp, m), interleaved: that times
+//                1 + (pp - 1) / (pp vpp), GPipe: m); MoE blocks' MLP part
+//                times top-k; the last stage adds its float32 logits;
+//   buffers      the data plugin's bucket buffers (one gradient's worth when
+//                dp > 1 and the optimizer is not distributed);
+//   reserved     what the process holds before any tensor (the device's).
+// Offload keeps one block's parameters resident (offload.params), none of the
+// gradients (offload.grads) or optimizer state (offload.optimizer).
+//
+// Time per step: model FLOPs (forward 2 b s (4h^2 + 2hf) + 4 b s^2 h per
+// block, MoE MLPs times top-k, the head 2 b s h V; backward twice forward;
+// recomputation adds its forward again) over the device's peak times its
+// efficiency, split over tp and pp; the pipeline bubble ((pp - 1) / (vpp m)
+// of the compute, GPipe (pp - 1) / m); tensor-parallel traffic (four
+// all-reduces' worth of b s h per block and micro-batch, 2 (t - 1) / t of it
+// on the wire), pipeline sends (b s h per micro-batch and direction), the
+// expert all-to-alls (four of b s k h (ep - 1) / ep per MoE block), the
+// data-parallel all-reduce of the gradients (2 (d - 1) / d; hidden behind
+// the last micro-batch's backward when overlapped), and offload copies, each
+// over the link it takes (inside a node, or across nodes once the group
+// spans them).
+//
+// Thread-safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ptrain/core/error.h"
+
+namespace ptrain::plan {
+
+// A GPT-shaped transformer (a trainer describes its model with
+// Trainer::modelShape()).
+struct ModelShape {
+  std::string name = "gpt";
+  int64_t num_layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t ffn = 0;          // 0: 4 * hidden
+  int64_t seq = 0;
+  int64_t vocab = 0;        // rows of the embedding (padded)
+  bool tied_embeddings = true;
+  int64_t num_experts = 0;  // 0: dense
+  int64_t topk = 2;
+  int64_t moe_layer_freq = 1;  // blocks 0, freq, 2 freq, ... are MoE
+
+  int64_t ffnSize() const { return ffn > 0 ? ffn : 4 * hidden; }
+  bool isMoeBlock(int64_t index) const { return num_experts > 0 && index % (moe_layer_freq > 0 ? moe_layer_freq : 1) == 0; }
+};
+
+// One device kind, with its published peak rates.
+struct DeviceSpec {
+  std::string name;
+  double memory_gib = 0;
+  double peak_tflops_fp32 = 0;   // dense, no tensor cores (TF32 not assumed)
+  double peak_tflops_half = 0;   // dense bf16/fp16 on tensor cores
+  double efficiency = 0.5;       // fraction of peak a transformer step reaches
+  double intra_node_gbps = 0;    // GB/s per device inside a node (NVLink bus bandwidth)
+  double inter_node_gbps = 0;    // GB/s per device across nodes
+  double offload_gbps = 0;       // GB/s between the device and its offload tier
+  int per_node = 8;
+  double reserved_gib = 0;       // held before any tensor (context, libraries)
+};
+
+// A100-40G, A100-80G, V100-16G, V100-32G, H100-80G, H200-141G (and `host`,
+// whose rates come from a measurement: hostDevice()).
+PTRAIN_API const std::vector<DeviceSpec>& devicePresets();
+// Null when there is no preset of that name.
+PTRAIN_API const DeviceSpec* findDevicePreset(const std::string& name);
+
+// What a plan decides: the parallel layout and the memory levers.
+struct PTRAIN_API Layout {
+  int64_t tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1, ep = 1, etp = 1;
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";   // 1f1b, interleaved, gpipe
+  int64_t micro_batch = 1;
+  int64_t global_batch = 1;
+  std::string recompute = "none";  // none, selective, full
+  std::string precision = "fp32";  // fp32, bf16, fp16
+  std::string optimizer = "adamw"; // adamw, sgd
+  bool sgd_momentum = false;
+  bool distributed_optimizer = false;
+  bool overlap_grad_reduce = true;
+  bool offload_params = false, offload_grads = false, offload_optimizer = false;
+
+  int64_t world() const { return tp * pp * cp * dp; }
+  int64_t microBatches() const;  // per step and data-parallel rank
+};
+
+// Parameters of the whole model, and those one rank of `stage` holds.
+PTRAIN_API int64_t parameterCount(const ModelShape& shape);
+PTRAIN_API int64_t parametersOnRank(const ModelShape& shape, const Layout& layout, int64_t stage);
+
+struct MemoryEstimate {
+  int64_t stage = 0;
+  int64_t in_flight = 1;  // micro-batches whose activations the stage holds at once
+  double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, reserved = 0;  // bytes
+  double total() const { return params + grads + optimizer + activations + buffers + reserved; }
+};
+
+// One rank of `stage` (0 .. pp - 1).
+PTRAIN_API MemoryEstimate estimateMemory(const ModelShape& shape, const Layout& layout, const DeviceSpec& device,
+                                         int64_t stage);
+// The fuller of the first and the last stage.
+PTRAIN_API MemoryEstimate peakMemory(const ModelShape& shape, const Layout& layout, const DeviceSpec& device);
+
+struct TimeEstimate {
+  double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, ep_comm = 0, dp_comm = 0, offload = 0;  // seconds
+  double flops = 0;  // model FLOPs of the step, every rank together
+  double total() const { return compute + bubble + tp_comm + pp_comm + ep_comm + dp_comm + offload; }
+};
+
+PTRAIN_API TimeEstimate estimateStepTime(const ModelShape& shape, const Layout& layout, const DeviceSpec& device);
+
+// When the layout does not fit `device`: the next steps of the flowchart,
+// each a recipe override with the memory it is predicted to leave
+// (offload.params=true; then halving train.micro_batch_size; then
+// model.recompute=selective, full; then optimizer.distributed=true when
+// dp > 1, else offload.optimizer=true; then offload.grads=true), each
+// applied on top of the ones before, until one fits. When the last does not
+// fit either, the layout needs more devices (tp, pp).
+struct Advice {
+  std::string override_text;  // e.g. "train.micro_batch_size=2"
+  double total_bytes = 0;     // predicted peak per rank with it
+  bool fits = false;
+};
+PTRAIN_API std::vector<Advice> adviseWhenOverMemory(const ModelShape& shape, const Layout& layout,
+                                                    const DeviceSpec& device);
+
+}  // namespace ptrain::plan

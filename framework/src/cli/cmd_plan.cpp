@@ -1,0 +1,292 @@
+// `ptrain plan RECIPE [--cluster FILE | --device NAME]`: the cost model's
+// prediction for one rank of the recipe's layout (plan/cost_model.h) and,
+// when it does not fit, what to change in the flowchart's order.
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include <yaml-cpp/yaml.h>
+
+#include "cli/commands.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/engine/recipe_layout.h"
+#include "ptrain/engine/trainer.h"
+#include "ptrain/layout/validation.h"
+#include "ptrain/plan/cost_model.h"
+#include "ptrain/plugin/registry.h"
+#include "ptrain/recipe/recipe.h"
+#include "ptrain/recipe/schema.h"
+
+namespace ptrain::cli {
+
+bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot,
+                             std::unique_ptr<Plugin>* trainerOut);
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+
+// This machine as a device: its fp32 matrix-multiply rate, measured now
+// (1024^3 products on every core for about half a second), its memory, and
+// the loopback all-reduce bandwidth of Gloo measured by `ptrain bench-comm`
+// (docs/communication.md: 1.2 GB/s bus bandwidth at 4 MiB). ptrain's host
+// kernels compute bf16 and fp16 products in float32, so their rate is the
+// same; a step reaches about 65% of the product rate (the large bench GPT:
+// docs/performance.md).
+plan::DeviceSpec hostDevice() {
+  torch::NoGradGuard noGrad;
+  at::Tensor a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
+  at::Tensor c = torch::mm(a, b);
+  int reps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;
+  while (seconds < 0.5) {
+    c = torch::mm(a, b);
+    ++reps;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  plan::DeviceSpec d;
+  d.name = "host";
+  d.peak_tflops_fp32 = 2.0 * 1024 * 1024 * 1024 * reps / seconds / 1e12;
+  d.peak_tflops_half = d.peak_tflops_fp32;
+  d.efficiency = 0.65;
+  d.memory_gib = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / kGiB;
+  d.intra_node_gbps = 1.2;
+  d.inter_node_gbps = 1.2;
+  d.offload_gbps = 2.0;  // page cache copies, disk tier
+  d.per_node = static_cast<int>(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  d.reserved_gib = 170 * kMiB / kGiB;  // a worker before its model: libraries, allocator, communicator
+  return d;
+}
+
+std::string presetNames() {
+  std::string names;
+  for (const auto& p : plan::devicePresets()) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
+// A cluster file: one group of devices (a preset by name, or a full
+// description), e.g.
+//   groups:
+//     - {device: A100-80G, count: 8}
+plan::DeviceSpec deviceFromCluster(const std::string& path, int64_t* count) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(path + ": cluster file not found");
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                      ": YAML syntax error: " + e.msg);
+  }
+  auto where = [&](const YAML::Node& n) {
+    return path + ":" + std::to_string(n.Mark().line + 1) + ":" + std::to_string(n.Mark().column + 1) + ": ";
+  };
+  const YAML::Node groups = root["groups"];
+  if (!groups || !groups.IsSequence() || groups.size() == 0) {
+    throw ConfigError(path + ": groups: expected a list of device groups, e.g. [{device: A100-80G, count: 8}]");
+  }
+  if (groups.size() > 1) {
+    throw ConfigError(where(groups[1]) + "groups: " + std::to_string(groups.size()) +
+                      " groups; ptrain plan sizes a cluster of one device kind (heterogeneous groups are not "
+                      "planned yet); plan each group with its own file");
+  }
+  const YAML::Node g = groups[0];
+  const YAML::Node device = g["device"];
+  plan::DeviceSpec d;
+  if (device && device.IsScalar()) {
+    const std::string name = device.as<std::string>();
+    const plan::DeviceSpec* preset = plan::findDevicePreset(name);
+    if (preset == nullptr) {
+      throw ConfigError(where(device) + "device: '" + name + "' is not a preset; use one of " + presetNames() +
+                        ", or describe it (memory_gib, peak_tflops_fp32, peak_tflops_half, ...)");
+    }
+    d = *preset;
+  } else if (device && device.IsMap()) {
+    auto number = [&](const char* key, double fallback) {
+      const YAML::Node n = device[key];
+      if (!n) return fallback;
+      try {
+        return n.as<double>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError(where(n) + "device." + key + ": expected a number, got '" + n.as<std::string>() + "'");
+      }
+    };
+    d.name = device["name"] ? device["name"].as<std::string>() : "custom";
+    d.memory_gib = number("memory_gib", 0);
+    d.peak_tflops_fp32 = number("peak_tflops_fp32", 0);
+    d.peak_tflops_half = number("peak_tflops_half", d.peak_tflops_fp32);
+    d.efficiency = number("efficiency", 0.5);
+    d.intra_node_gbps = number("intra_node_gbps", 100);
+    d.inter_node_gbps = number("inter_node_gbps", 12.5);
+    d.offload_gbps = number("offload_gbps", 12);
+    d.per_node = static_cast<int>(number("per_node", 8));
+    d.reserved_gib = number("reserved_gib", 1);
+    if (d.memory_gib <= 0 || d.peak_tflops_fp32 <= 0) {
+      throw ConfigError(where(device) + "device: memory_gib and peak_tflops_fp32 must be above 0");
+    }
+  } else {
+    throw ConfigError(where(g) + "device: missing; name a preset (e.g. A100-80G) or describe the device");
+  }
+  if (g["per_node"]) d.per_node = g["per_node"].as<int>();
+  *count = g["count"] ? g["count"].as<int64_t>() : 0;
+  return d;
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  if (bytes >= kGiB) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / kMiB);
+  return buf;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  return buf;
+}
+
+}  // namespace
+
+int cmdPlan(const PlanArgs& args) {
+  Recipe recipe = Recipe::load(args.recipe, args.overrides);
+  Schema schema;
+  describeCoreKeys(schema);
+  std::string whyNot;
+  std::unique_ptr<Plugin> trainerPlugin;
+  if (!extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin)) {
+    throw ConfigError(recipe.location("trainer.name").str() + ": trainer.name: ptrain plan asks the trainer for its "
+                      "model's shape, and there is none to ask (" + whyNot + ")");
+  }
+  recipe.validate(schema);
+
+  plan::DeviceSpec device;
+  int64_t clusterCount = 0;
+  if (!args.cluster.empty()) {
+    device = deviceFromCluster(args.cluster, &clusterCount);
+  } else if (!args.device.empty() && args.device != "host") {
+    const plan::DeviceSpec* preset = plan::findDevicePreset(args.device);
+    if (preset == nullptr) {
+      throw ConfigError("--device: '" + args.device + "' is not a preset; use host or one of " + presetNames());
+    }
+    device = *preset;
+  } else {
+    device = hostDevice();
+  }
+  const int world = args.nproc > 0 ? args.nproc
+                    : clusterCount > 0 ? static_cast<int>(clusterCount)
+                                       : static_cast<int>(recipe.getInt("launch.nproc"));
+  const LayoutRequest request = layoutRequestFromRecipe(recipe, world);
+  const auto problems = checkLayout(request);
+  if (!problems.empty()) {
+    std::string text;
+    for (const auto& p : problems) text += (text.empty() ? "" : "\n") + p;
+    throw ConfigError(text);
+  }
+  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
+  trainer.setup(recipe);
+  const auto shape = trainer.modelShape();
+  if (!shape) {
+    throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
+                      "' does not describe its model's shape to the planner");
+  }
+  const LayoutPlan sized = planLayout(request);
+  plan::Layout layout;
+  layout.tp = sized.sizes.tp;
+  layout.pp = sized.sizes.pp;
+  layout.vpp = sized.sizes.vpp;
+  layout.cp = sized.sizes.cp;
+  layout.dp = sized.dp;
+  layout.ep = sized.sizes.ep;
+  layout.etp = sized.sizes.etp;
+  layout.sequence_parallel = recipe.getBool("parallel.sequence_parallel");
+  layout.schedule = recipe.getString("parallel.pipeline_schedule");
+  layout.micro_batch = sized.micro_batch_size;
+  layout.global_batch = sized.global_batch_size;
+  layout.recompute = recipe.getString("model.recompute");
+  layout.precision = recipe.getString("precision.name");
+  layout.optimizer = recipe.getString("optimizer.name");
+  layout.sgd_momentum = recipe.getFloat("optimizer.momentum") > 0;
+  layout.distributed_optimizer = recipe.getBool("optimizer.distributed");
+  layout.overlap_grad_reduce = recipe.getBool("parallel.overlap_grad_reduce");
+  layout.offload_params = recipe.getBool("offload.params");
+  layout.offload_grads = recipe.getBool("offload.grads");
+  layout.offload_optimizer = recipe.getBool("offload.optimizer");
+
+  const plan::ModelShape& m = *shape;
+  std::printf("%s: %s, %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld%s: %.2f M "
+              "parameters\n",
+              args.recipe.c_str(), m.name.c_str(), static_cast<long long>(m.num_layers),
+              static_cast<long long>(m.hidden), static_cast<long long>(m.heads), static_cast<long long>(m.ffnSize()),
+              static_cast<long long>(m.seq), static_cast<long long>(m.vocab),
+              m.num_experts > 0 ? (", " + std::to_string(m.num_experts) + " experts").c_str() : "",
+              static_cast<double>(plan::parameterCount(m)) / 1e6);
+  std::printf("layout: world=%lld tp=%lld pp=%lld dp=%lld ep=%lld%s, micro-batch %lld, %lld micro-batches per step, "
+              "%s, recompute %s%s%s\n",
+              static_cast<long long>(layout.world()), static_cast<long long>(layout.tp),
+              static_cast<long long>(layout.pp), static_cast<long long>(layout.dp), static_cast<long long>(layout.ep),
+              layout.sequence_parallel ? " sp" : "", static_cast<long long>(layout.micro_batch),
+              static_cast<long long>(layout.microBatches()), layout.precision.c_str(), layout.recompute.c_str(),
+              layout.distributed_optimizer ? ", distributed optimizer" : "",
+              layout.offload_params || layout.offload_grads || layout.offload_optimizer ? ", offload" : "");
+  std::printf("device: %s, %.1f GiB, %.1f TFLOP/s fp32, %.1f TFLOP/s bf16/fp16, %.0f%% of peak, %.1f GB/s in a node, "
+              "%.1f GB/s across%s\n\n",
+              device.name.c_str(), device.memory_gib, device.peak_tflops_fp32, device.peak_tflops_half,
+              100 * device.efficiency, device.intra_node_gbps, device.inter_node_gbps,
+              device.name == "host" ? " (products measured now)" : "");
+
+  std::vector<plan::MemoryEstimate> stages{plan::estimateMemory(m, layout, device, 0)};
+  if (layout.pp > 1) stages.push_back(plan::estimateMemory(m, layout, device, layout.pp - 1));
+  std::printf("memory per rank          %s\n", layout.pp > 1 ? "first stage     last stage" : "");
+  auto row = [&](const char* name, double plan::MemoryEstimate::*field) {
+    std::printf("  %-22s", name);
+    for (const auto& e : stages) std::printf(" %-15s", mib(e.*field).c_str());
+    std::printf("\n");
+  };
+  row("parameters", &plan::MemoryEstimate::params);
+  row("gradients", &plan::MemoryEstimate::grads);
+  row("optimizer states", &plan::MemoryEstimate::optimizer);
+  row("activations", &plan::MemoryEstimate::activations);
+  row("communication buffers", &plan::MemoryEstimate::buffers);
+  row("reserved", &plan::MemoryEstimate::reserved);
+  std::printf("  %-22s", "total");
+  for (const auto& e : stages) std::printf(" %-15s", mib(e.total()).c_str());
+  std::printf("\n  %-22s", "micro-batches held");
+  for (const auto& e : stages) std::printf(" %-15lld", static_cast<long long>(e.in_flight));
+  const plan::MemoryEstimate peak = plan::peakMemory(m, layout, device);
+  const double capacity = device.memory_gib * kGiB;
+  std::printf("\n  %s of %s (%.0f%%): %s\n\n", mib(peak.total()).c_str(), mib(capacity).c_str(),
+              100 * peak.total() / capacity, peak.total() <= capacity ? "fits" : "does NOT fit");
+
+  const plan::TimeEstimate t = plan::estimateStepTime(m, layout, device);
+  std::printf("time per step\n");
+  const std::pair<const char*, double> parts[] = {
+      {"compute", t.compute},   {"pipeline bubble", t.bubble}, {"tensor-parallel comm", t.tp_comm},
+      {"pipeline sends", t.pp_comm}, {"expert all-to-all", t.ep_comm}, {"data-parallel comm", t.dp_comm},
+      {"offload copies", t.offload}};
+  for (const auto& [name, value] : parts)
+    if (value > 0 || std::string(name) == "compute") std::printf("  %-22s %s\n", name, seconds(value).c_str());
+  const double tokens = static_cast<double>(layout.global_batch) * static_cast<double>(m.seq);
+  std::printf("  %-22s %s, %.0f tokens/s\n", "total", seconds(t.total()).c_str(), tokens / t.total());
+
+  if (peak.total() > capacity) {
+    std::printf("\nto fit (the diagnosis flowchart's order, each on top of the ones before):\n");
+    const auto advice = plan::adviseWhenOverMemory(m, layout, device);
+    for (const auto& a : advice) {
+      std::printf("  %-32s %s%s\n", a.override_text.c_str(), mib(a.total_bytes).c_str(), a.fits ? "  fits" : "");
+    }
+    if (advice.empty() || !advice.back().fits) {
+      std::printf("  (still over: split the model over more devices, "
+                  "parallel.tensor_model_parallel_size or pipeline_model_parallel_size, with --nproc to match)\n");
+    }
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace ptrain::cli

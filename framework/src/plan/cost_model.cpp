@@ -1,0 +1,310 @@
+#include "ptrain/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ptrain::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double halfPrecision(const Layout& l) { return l.precision == "bf16" || l.precision == "fp16"; }
+double paramBytes(const Layout& l) { return halfPrecision(l) ? 2 : 4; }
+double activationBytes(const Layout& l) { return halfPrecision(l) ? 2 : 4; }
+
+// Blocks of the pipeline stage `stage` (an even split, the first stages
+// taking the remainder, as the pipeline plugin does without a layout).
+int64_t blocksOf(const ModelShape& m, const Layout& l, int64_t stage) {
+  const int64_t base = m.num_layers / l.pp, extra = m.num_layers % l.pp;
+  return base + (stage < extra ? 1 : 0);
+}
+int64_t firstBlockOf(const ModelShape& m, const Layout& l, int64_t stage) {
+  int64_t first = 0;
+  for (int64_t s = 0; s < stage; ++s) first += blocksOf(m, l, s);
+  return first;
+}
+
+// One block's parameters on one rank.
+int64_t blockParameters(const ModelShape& m, const Layout& l, int64_t index) {
+  const int64_t h = m.hidden, f = m.ffnSize(), t = l.tp;
+  // qkv (column-parallel: weight and bias split), proj (row-parallel: bias
+  // whole), two layer norms.
+  int64_t n = (3 * h * h + 3 * h) / t + h * h / t + h + 4 * h;
+  if (m.isMoeBlock(index)) {
+    const int64_t experts = m.num_experts / l.ep, et = l.etp;
+    // Router whole; per local expert fc1 [f, h] + bias [f] and fc2 [h, f]
+    // split by etp, fc2's bias [h] on every rank's copy.
+    n += m.num_experts * h + experts * ((f * h + f) / et + h * f / et + h);
+  } else {
+    // fc1 column-parallel, fc2 row-parallel.
+    n += (f * h + f) / t + h * f / t + h;
+  }
+  return n;
+}
+
+int64_t embeddingParameters(const ModelShape& m, const Layout& l) {
+  return m.vocab * m.hidden / l.tp + m.seq * m.hidden;
+}
+int64_t headParameters(const ModelShape& m, const Layout& l) {
+  int64_t n = 2 * m.hidden;  // final layer norm
+  if (!m.tied_embeddings) n += m.vocab * m.hidden / l.tp;
+  // Tied, under a pipeline: the last stage keeps its own copy of the
+  // vocabulary embedding (not the positions).
+  else if (l.pp > 1) n += m.vocab * m.hidden / l.tp;
+  return n;
+}
+
+// Korthikanti et al.'s bytes per block and micro-batch, for 16-bit
+// activations, in units of s b h.
+double blockActivationUnits(const ModelShape& m, const Layout& l, int64_t index, bool keepCore) {
+  const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads), s = static_cast<double>(m.seq);
+  const double f = static_cast<double>(m.ffnSize()), t = static_cast<double>(l.tp);
+  const double k = m.isMoeBlock(index) ? static_cast<double>(m.topk) : 1.0;
+  // Attention core: softmax output, its dropout mask and output (5 a s / h).
+  const double core = keepCore ? 5 * a * s / h : 0;
+  // Whole tensors (layer-norm inputs 4, attention input 2, MLP input 2,
+  // two dropout masks 2) and split ones (q, k, v, projection input 8; the
+  // MLP's two f-wide tensors, GELU's input and output, 4 f / h, times top-k
+  // for experts): 34 with f = 4h, as in the paper.
+  const double whole = 10, split = 8 + 4 * f / h * k;
+  if (l.tp == 1 || l.sequence_parallel) return (whole + split + core) / t;
+  return whole + split / t + core / t;
+}
+
+}  // namespace
+
+int64_t Layout::microBatches() const {
+  const int64_t perRank = global_batch / std::max<int64_t>(1, dp);
+  return std::max<int64_t>(1, perRank / std::max<int64_t>(1, micro_batch));
+}
+
+const std::vector<DeviceSpec>& devicePresets() {
+  // Published dense peaks (fp32 without TF32; bf16/fp16 on tensor cores; V100
+  // has no bf16, its fp16 rate is given), NVLink bus bandwidth per direction,
+  // one NIC per GPU (HDR 200 Gb/s for A100, EDR 100 Gb/s for V100, NDR
+  // 400 Gb/s for H100/H200), PCIe to the host for offload. The efficiency is
+  // the fraction of peak a well-tuned transformer step reaches (Megatron-LM
+  // reports 40-55% on A100).
+  static const std::vector<DeviceSpec> presets = {
+      {"A100-40G", 40, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0},
+      {"A100-80G", 80, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0},
+      {"V100-16G", 16, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8},
+      {"V100-32G", 32, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8},
+      {"H100-80G", 80, 67, 989, 0.45, 450, 50, 50, 8, 1.2},
+      {"H200-141G", 140, 67, 989, 0.45, 450, 50, 50, 8, 1.2},
+  };
+  return presets;
+}
+
+const DeviceSpec* findDevicePreset(const std::string& name) {
+  for (const auto& d : devicePresets())
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+int64_t parameterCount(const ModelShape& m) {
+  Layout whole;
+  int64_t n = embeddingParameters(m, whole) + 2 * m.hidden + (m.tied_embeddings ? 0 : m.vocab * m.hidden);
+  for (int64_t b = 0; b < m.num_layers; ++b) {
+    // Every expert of the model: counted at ep = 1.
+    n += blockParameters(m, whole, b);
+  }
+  return n;
+}
+
+int64_t parametersOnRank(const ModelShape& m, const Layout& l, int64_t stage) {
+  int64_t n = 0;
+  if (stage == 0) n += embeddingParameters(m, l);
+  if (stage == l.pp - 1) n += headParameters(m, l);
+  const int64_t first = firstBlockOf(m, l, stage);
+  for (int64_t b = first; b < first + blocksOf(m, l, stage); ++b) n += blockParameters(m, l, b);
+  return n;
+}
+
+MemoryEstimate estimateMemory(const ModelShape& m, const Layout& l, const DeviceSpec& device, int64_t stage) {
+  MemoryEstimate e;
+  e.stage = stage;
+  const double n = static_cast<double>(parametersOnRank(m, l, stage));
+  const int64_t first = firstBlockOf(m, l, stage), blocks = blocksOf(m, l, stage);
+  // Offloaded parameters: the embedding and head stay, one block comes in
+  // at a time.
+  double inBlocks = 0, largestBlock = 0;
+  for (int64_t b = first; b < first + blocks; ++b) {
+    const double count = static_cast<double>(blockParameters(m, l, b));
+    inBlocks += count;
+    largestBlock = std::max(largestBlock, count);
+  }
+  e.params = (l.offload_params ? n - inBlocks + largestBlock : n) * paramBytes(l);
+  e.grads = l.offload_grads ? 0 : n * 4;
+  // Optimizer: float32 state slots, plus masters for 16-bit parameters.
+  const double slots = l.optimizer == "adamw" ? 2 : (l.sgd_momentum ? 1 : 0);
+  const double masters = halfPrecision(l) ? 1 : 0;
+  if (l.distributed_optimizer) {
+    // The rank's ranges: slots and float32 copies (for every dtype), and
+    // the reduced gradients.
+    e.optimizer = n * 4 * (slots + 1) / static_cast<double>(l.dp);
+    e.grads += n * 4 / static_cast<double>(l.dp);
+  } else {
+    e.optimizer = n * 4 * (slots + masters);
+  }
+  if (l.offload_optimizer) e.optimizer = 0;
+
+  // Activations of the micro-batches the stage holds at once.
+  const int64_t m_ = l.microBatches();
+  int64_t inFlight = 1;
+  double interleave = 1;
+  if (l.pp > 1) {
+    if (l.schedule == "gpipe") {
+      inFlight = m_;
+    } else {
+      inFlight = std::min<int64_t>(l.pp - stage, m_);
+      if (l.schedule == "interleaved" && l.vpp > 1) {
+        interleave = 1 + static_cast<double>(l.pp - 1) / static_cast<double>(l.pp * l.vpp);
+      }
+    }
+  }
+  e.in_flight = inFlight;
+  const double sbh = static_cast<double>(m.seq) * static_cast<double>(l.micro_batch) * static_cast<double>(m.hidden);
+  const double scale = activationBytes(l) / 2;  // the counts are for 16-bit activations
+  double perMicroBatch = 0, recomputing = 0;
+  for (int64_t b = first; b < first + blocks; ++b) {
+    const double full = blockActivationUnits(m, l, b, l.recompute != "selective");
+    if (l.recompute == "full") {
+      // The block's input (split by sp), and one block recomputing.
+      perMicroBatch += 2.0 / (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0);
+      recomputing = std::max(recomputing, full);
+    } else {
+      perMicroBatch += full;
+    }
+  }
+  e.activations = (perMicroBatch * static_cast<double>(inFlight) * interleave + recomputing) * sbh * scale;
+  if (stage == l.pp - 1) {
+    // Float32 logits and their gradient, this rank's share of the vocabulary.
+    e.activations += 2 * 4.0 * static_cast<double>(m.seq) * static_cast<double>(l.micro_batch) *
+                     static_cast<double>(m.vocab) / static_cast<double>(l.tp);
+  }
+  // The data plugin keeps one buffer per gradient bucket.
+  e.buffers = (l.dp > 1 && !l.distributed_optimizer) ? n * 4 : 0;
+  e.reserved = device.reserved_gib * kGiB;
+  return e;
+}
+
+MemoryEstimate peakMemory(const ModelShape& m, const Layout& l, const DeviceSpec& device) {
+  MemoryEstimate first = estimateMemory(m, l, device, 0);
+  if (l.pp == 1) return first;
+  MemoryEstimate last = estimateMemory(m, l, device, l.pp - 1);
+  return last.total() > first.total() ? last : first;
+}
+
+TimeEstimate estimateStepTime(const ModelShape& m, const Layout& l, const DeviceSpec& device) {
+  TimeEstimate e;
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffnSize());
+  const double s = static_cast<double>(m.seq), V = static_cast<double>(m.vocab);
+  const double mbs = static_cast<double>(l.micro_batch);
+  const double microBatches = static_cast<double>(l.microBatches());
+  // Forward FLOPs of one micro-batch, over the whole model.
+  double forward = 0, recomputed = 0;
+  for (int64_t b = 0; b < m.num_layers; ++b) {
+    const double k = m.isMoeBlock(b) ? static_cast<double>(m.topk) : 1.0;
+    const double matmuls = 2 * mbs * s * (4 * h * h + 2 * h * f * k);
+    const double core = 4 * mbs * s * s * h;
+    forward += matmuls + core;
+    if (l.recompute == "full") recomputed += matmuls + core;
+    if (l.recompute == "selective") recomputed += core;
+  }
+  forward += 2 * mbs * s * h * V;
+  const double perMicroBatch = 3 * forward + recomputed;
+  e.flops = perMicroBatch * microBatches * static_cast<double>(l.dp);
+  const double peak = (halfPrecision(l) ? device.peak_tflops_half : device.peak_tflops_fp32) * 1e12;
+  const double rate = peak * device.efficiency;
+  const double split = static_cast<double>(l.tp * l.pp);
+  e.compute = perMicroBatch * microBatches / split / rate;
+  const double bubbleShare = l.pp > 1 ? static_cast<double>(l.pp - 1) /
+                                            ((l.schedule == "interleaved" ? static_cast<double>(l.vpp) : 1.0) *
+                                             microBatches)
+                                      : 0;
+  e.bubble = e.compute * bubbleShare;
+
+  auto gbps = [&](int64_t span) {
+    // A group of `span` consecutive ranks stays inside a node when it fits in one.
+    return (span <= device.per_node ? device.intra_node_gbps : device.inter_node_gbps) * 1e9;
+  };
+  const double actBytes = activationBytes(l);
+  const double layersPerStage = static_cast<double>(m.num_layers) / static_cast<double>(l.pp);
+  const double bsh = mbs * s * h * actBytes;
+  if (l.tp > 1) {
+    const double t = static_cast<double>(l.tp);
+    e.tp_comm = layersPerStage * microBatches * 4 * 2 * (t - 1) / t * bsh / gbps(l.tp);
+  }
+  if (l.pp > 1) {
+    const double chunks = l.schedule == "interleaved" ? static_cast<double>(l.vpp) : 1.0;
+    e.pp_comm = 2 * microBatches * chunks * bsh / (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0) /
+                gbps(l.tp * l.pp);
+  }
+  if (m.num_experts > 0 && l.ep > 1) {
+    double moeBlocks = 0;
+    for (int64_t b = 0; b < m.num_layers; ++b) moeBlocks += m.isMoeBlock(b) ? 1 : 0;
+    const double ep = static_cast<double>(l.ep);
+    e.ep_comm = moeBlocks / static_cast<double>(l.pp) * microBatches * 4 * bsh * static_cast<double>(m.topk) *
+                (ep - 1) / ep / gbps(l.ep * l.tp);
+  }
+  if (l.dp > 1) {
+    const double d = static_cast<double>(l.dp);
+    const double gradBytes = static_cast<double>(parametersOnRank(m, l, 0)) * 4;
+    const double wire = 2 * (d - 1) / d * gradBytes / gbps(l.world());
+    // Overlapped buckets hide behind the last micro-batch's backward (two
+    // thirds of its compute); the distributed optimizer's reduce-scatter and
+    // all-gather run after backward.
+    const double hidden = l.overlap_grad_reduce && !l.distributed_optimizer ? 2.0 / 3.0 * e.compute / microBatches : 0;
+    e.dp_comm = std::max(wire - hidden, wire * 0.1);
+  }
+  if (l.offload_params || l.offload_optimizer || l.offload_grads) {
+    const double n = static_cast<double>(parametersOnRank(m, l, 0));
+    double bytes = 0;
+    if (l.offload_params) bytes += 2 * n * paramBytes(l) * microBatches + 2 * n * paramBytes(l);
+    if (l.offload_grads) bytes += 2 * n * 4;
+    if (l.offload_optimizer) bytes += 2 * n * 4 * (l.optimizer == "adamw" ? 2 : 1);
+    e.offload = bytes / (device.offload_gbps * 1e9);
+  }
+  return e;
+}
+
+std::vector<Advice> adviseWhenOverMemory(const ModelShape& m, const Layout& l, const DeviceSpec& device) {
+  std::vector<Advice> out;
+  const double capacity = device.memory_gib * kGiB;
+  Layout next = l;
+  auto push = [&](const std::string& text) {
+    const double total = peakMemory(m, next, device).total();
+    out.push_back(Advice{text, total, total <= capacity});
+    return total <= capacity;
+  };
+  if (peakMemory(m, next, device).total() <= capacity) return out;
+  if (!next.offload_params) {
+    next.offload_params = true;
+    if (push("offload.params=true")) return out;
+  }
+  while (next.micro_batch > 1) {
+    next.micro_batch /= 2;
+    if (push("train.micro_batch_size=" + std::to_string(next.micro_batch))) return out;
+  }
+  for (const char* mode : {"selective", "full"}) {
+    if (next.recompute == "full" || (next.recompute == "selective" && std::string(mode) == "selective")) continue;
+    next.recompute = mode;
+    if (push(std::string("model.recompute=") + mode)) return out;
+  }
+  if (next.dp > 1 && !next.distributed_optimizer && !next.offload_optimizer) {
+    next.distributed_optimizer = true;
+    if (push("optimizer.distributed=true")) return out;
+  }
+  if (!next.offload_optimizer && !next.distributed_optimizer) {
+    next.offload_optimizer = true;
+    if (push("offload.optimizer=true")) return out;
+  }
+  if (!next.offload_grads) {
+    next.offload_grads = true;
+    if (push("offload.grads=true")) return out;
+  }
+  return out;
+}
+
+}  // namespace ptrain::plan

@@ -1,0 +1,54 @@
+// `ptrain plan` end to end: the quickstart fits this machine; a large GPT on
+// a V100-16G does not, and the plan lists the flowchart's fixes with exit
+// code 2; cluster files and presets it cannot use are refused in one line.
+#include <gtest/gtest.h>
+
+#include "support/test_support.h"
+
+using ptrain::test::runPtrain;
+using ptrain::test::TempDir;
+
+namespace {
+
+std::string configs() { return ptrain::test::sourceDir() + "/configs/"; }
+
+TEST(Plan, QuickstartFitsThisMachine) {
+  auto r = runPtrain({"plan", configs() + "quickstart.yaml"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text : {"layout: world=2 tp=1 pp=1 dp=2", "device: host", "parameters", "optimizer states",
+                           "activations", ": fits", "tokens/s"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+  }
+}
+
+TEST(Plan, ALayoutThatDoesNotFitGetsTheFlowchartsFixes) {
+  auto r = runPtrain({"plan", configs() + "quickstart.yaml", "--device", "V100-16G", "--nproc", "1",
+                      "model.num_layers=32", "model.hidden_size=4096", "model.num_attention_heads=32",
+                      "model.seq_length=1024", "train.global_batch_size=8", "train.micro_batch_size=8"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("does NOT fit"), std::string::npos) << r.output;
+  const size_t offload = r.output.find("offload.params=true"), micro = r.output.find("train.micro_batch_size=4");
+  ASSERT_NE(offload, std::string::npos) << r.output;
+  ASSERT_NE(micro, std::string::npos) << r.output;
+  EXPECT_LT(offload, micro) << r.output;
+}
+
+TEST(Plan, ClusterFilesAndPresetsItCannotUseAreRefusedInOneLine) {
+  TempDir tmp;
+  const std::string two = tmp.write("two.yaml", "groups:\n  - {device: A100-80G, count: 4}\n  - {device: V100-32G, count: 4}\n");
+  auto r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", two});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(two + ":3:5: groups: 2 groups"), std::string::npos) << r.output;
+
+  const std::string unknown = tmp.write("unknown.yaml", "groups:\n  - {device: A200, count: 8}\n");
+  r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", unknown});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("device: 'A200' is not a preset; use one of A100-40G"), std::string::npos) << r.output;
+
+  const std::string one = tmp.write("one.yaml", "groups:\n  - {device: H100-80G, count: 2}\n");
+  r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", one});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("device: H100-80G, 80.0 GiB"), std::string::npos) << r.output;
+}
+
+}  // namespace
