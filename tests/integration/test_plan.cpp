@@ -3,6 +3,8 @@
 // code 2; cluster files and presets it cannot use are refused in one line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "support/test_support.h"
 
 using ptrain::test::runPtrain;
@@ -31,6 +33,33 @@ TEST(Plan, ALayoutThatDoesNotFitGetsTheFlowchartsFixes) {
   ASSERT_NE(offload, std::string::npos) << r.output;
   ASSERT_NE(micro, std::string::npos) << r.output;
   EXPECT_LT(offload, micro) << r.output;
+}
+
+TEST(Plan, SearchListsTheBestLayoutsBesideTheRecipes) {
+  auto r = runPtrain({"plan", configs() + "quickstart.yaml", "--device", "A100-80G", "--nproc", "8", "--search",
+                      "model.num_layers=32", "model.hidden_size=4096", "model.num_attention_heads=32",
+                      "model.seq_length=2048", "train.global_batch_size=64", "precision.name=bf16"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("best layouts of 8 x A100-80G"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("   1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the recipe's layout (tp 1, pp 1, dp 8, micro-batch 8)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+}
+
+TEST(Plan, CheckRefusesALayoutPredictedNotToFitItsDevice) {
+  const std::vector<std::string> big = {"--nproc", "1", "model.num_layers=32", "model.hidden_size=4096",
+                                        "model.num_attention_heads=32", "model.seq_length=1024",
+                                        "train.global_batch_size=8"};
+  std::vector<std::string> args = {"check", configs() + "quickstart.yaml", "--device", "V100-16G"};
+  args.insert(args.end(), big.begin(), big.end());
+  auto r = runPtrain(args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("per rank, V100-16G has 16.00 GiB: start with offload.params=true"), std::string::npos)
+      << r.output;
+  // One line.
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  r = runPtrain({"check", configs() + "quickstart.yaml", "--device", "A100-80G"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(Plan, ClusterFilesAndPresetsItCannotUseAreRefusedInOneLine) {

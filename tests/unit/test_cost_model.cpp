@@ -152,6 +152,41 @@ TEST(CostModel, AdviceFollowsTheFlowchartOffloadThenSmallerMicroBatches) {
   EXPECT_TRUE(plan::adviseWhenOverMemory(smallShape(), plan::Layout{}, roomyDevice()).empty());
 }
 
+TEST(CostModel, SearchRanksValidLayoutsThatFitByThroughput) {
+  plan::ModelShape m = smallShape();
+  m.num_layers = 24;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.ffn = 0;
+  m.seq = 2048;
+  m.vocab = 51200;
+  plan::Layout base;
+  base.precision = "bf16";
+  base.global_batch = 16;
+  plan::DeviceSpec a100 = *plan::findDevicePreset("A100-40G");
+  const auto found = plan::searchLayouts(m, base, a100, 8, 50);
+  ASSERT_FALSE(found.empty());
+  EXPECT_TRUE(found.front().fits);
+  bool seenMiss = false;
+  for (size_t i = 0; i < found.size(); ++i) {
+    const plan::Layout& l = found[i].layout;
+    EXPECT_EQ(l.tp * l.pp * l.dp, 8);
+    EXPECT_EQ(m.heads % l.tp, 0);
+    EXPECT_EQ(m.num_layers % l.pp, 0);
+    EXPECT_EQ(base.global_batch % (l.dp * l.micro_batch), 0);
+    EXPECT_EQ(found[i].fits, found[i].memory.total() <= 40.0 * (1 << 30));
+    // Those that fit first, by predicted throughput.
+    if (!found[i].fits) seenMiss = true;
+    EXPECT_FALSE(seenMiss && found[i].fits) << i;
+    if (i > 0 && found[i].fits) EXPECT_LE(found[i].tokens_per_s, found[i - 1].tokens_per_s) << i;
+  }
+  // A model that fits anywhere: nothing recomputed or offloaded in the best.
+  const auto easy = plan::searchLayouts(smallShape(), plan::Layout{}, a100, 1, 5);
+  ASSERT_FALSE(easy.empty());
+  EXPECT_EQ(easy.front().layout.recompute, "none");
+  EXPECT_FALSE(easy.front().layout.offload_params);
+}
+
 // Counted against the model ptrain builds: each rank's parameters, and what
 // the first step reports of its memory.
 struct Measured {

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   checkCmd->add_option("overrides", check.overrides, "overrides such as parallel.tensor_model_parallel_size=2");
   checkCmd->add_option("--nproc", check.nproc, "world size to check against (default: launch.nproc, else 1)")
       ->check(CLI::PositiveNumber);
+  auto* checkCluster = checkCmd->add_option("--cluster", check.cluster,
+                                            "also check that the layout fits this cluster's devices (YAML)");
+  checkCmd->add_option("--device", check.device, "also check that the layout fits this device preset (or host)")
+      ->excludes(checkCluster);
 
   PlanArgs planArgs;
   auto* planCmd = app.add_subcommand(
@@ -57,6 +61,9 @@ int main(int argc, char** argv) {
   auto* clusterOpt = planCmd->add_option("--cluster", planArgs.cluster, "cluster file (YAML): groups of devices");
   planCmd->add_option("--device", planArgs.device, "a device preset (A100-80G, H100-80G, ...) or host (default)")
       ->excludes(clusterOpt);
+  planCmd->add_flag("--search", planArgs.search,
+                    "rank every layout of the world size (tp, pp, dp, micro-batch, recompute, offload) by predicted "
+                    "throughput within memory");
 
   std::vector<std::string> pluginPaths;
   auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");

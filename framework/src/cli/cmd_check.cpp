@@ -141,6 +141,31 @@ int cmdCheck(const CheckArgs& args) {
       return report({e.what()});
     }
   }
+  if (!args.device.empty() || !args.cluster.empty()) {
+    int64_t count = 0;
+    const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &count);
+    const auto shape = trainerPlugin ? static_cast<Trainer&>(*trainerPlugin).modelShape() : std::nullopt;
+    if (!shape) {
+      return report({recipe.location("trainer.name").str() + ": trainer.name: --device and --cluster need the "
+                     "trainer's model shape, and there is none to ask" + (whyNot.empty() ? "" : " (" + whyNot + ")")});
+    }
+    const plan::Layout planned = planLayoutOf(recipe, planLayout(layout));
+    const double need = plan::peakMemory(*shape, planned, device).total();
+    const double have = device.memory_gib * 1024.0 * 1024.0 * 1024.0;
+    if (need > have) {
+      // The flowchart's first step, and the step at which it fits.
+      const auto advice = plan::adviseWhenOverMemory(*shape, planned, device);
+      std::string fix = "split the model over more devices (tensor or pipeline parallelism)";
+      if (!advice.empty()) {
+        fix = "start with " + advice.front().override_text;
+        const auto fits = std::find_if(advice.begin(), advice.end(), [](const plan::Advice& a) { return a.fits; });
+        fix += fits == advice.end() ? "; even every lever leaves it over: more devices (tp, pp)"
+                                    : "; it fits from " + fits->override_text + " on";
+      }
+      return report({args.recipe + ": the layout is predicted to need " + memoryText(need) + " per rank, " +
+                     device.name + " has " + memoryText(have) + ": " + fix + " (`ptrain plan` lists each step)"});
+    }
+  }
 
   const LayoutPlan plan = planLayout(layout);
   const LayoutSizes& s = plan.sizes;

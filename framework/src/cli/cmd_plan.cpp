@@ -151,51 +151,52 @@ std::string seconds(double s) {
   return buf;
 }
 
+// The best layouts of the world for the model, beside the recipe's own.
+int printSearch(const plan::ModelShape& m, const plan::Layout& mine, const plan::DeviceSpec& device) {
+  const auto candidates = plan::searchLayouts(m, mine, device, mine.world(), 10);
+  const double capacity = device.memory_gib * kGiB;
+  std::printf("best layouts of %lld x %s, by predicted tokens/s within memory (memory: the fullest rank):\n",
+              static_cast<long long>(mine.world()), device.name.c_str());
+  std::printf("  %2s %3s %3s %3s %6s %-10s %-8s %-9s %12s %6s %10s %10s\n", "#", "tp", "pp", "dp", "micro",
+              "recompute", "offload", "dist-opt", "memory", "used", "step", "tokens/s");
+  int rank = 0;
+  for (const auto& c : candidates) {
+    const plan::Layout& l = c.layout;
+    std::printf("  %2d %3lld %3lld %3lld %6lld %-10s %-8s %-9s %12s %5.0f%% %10s %10.0f%s\n", ++rank,
+                static_cast<long long>(l.tp), static_cast<long long>(l.pp), static_cast<long long>(l.dp),
+                static_cast<long long>(l.micro_batch), l.recompute.c_str(), l.offload_params ? "params" : "-",
+                l.distributed_optimizer ? "yes" : "-", mib(c.memory.total()).c_str(),
+                100 * c.memory.total() / capacity, seconds(c.time.total()).c_str(), c.tokens_per_s,
+                c.fits ? "" : "  does not fit");
+  }
+  const auto mineMemory = plan::peakMemory(m, mine, device);
+  const auto mineTime = plan::estimateStepTime(m, mine, device);
+  std::printf("the recipe's layout (tp %lld, pp %lld, dp %lld, micro-batch %lld): %s, %.0f%% of memory, %.0f "
+              "tokens/s%s\n",
+              static_cast<long long>(mine.tp), static_cast<long long>(mine.pp), static_cast<long long>(mine.dp),
+              static_cast<long long>(mine.micro_batch), mib(mineMemory.total()).c_str(),
+              100 * mineMemory.total() / capacity,
+              static_cast<double>(mine.global_batch * m.seq) / mineTime.total(),
+              mineMemory.total() <= capacity ? "" : ", does not fit");
+  return candidates.empty() || !candidates.front().fits ? 2 : 0;
+}
+
 }  // namespace
 
-int cmdPlan(const PlanArgs& args) {
-  Recipe recipe = Recipe::load(args.recipe, args.overrides);
-  Schema schema;
-  describeCoreKeys(schema);
-  std::string whyNot;
-  std::unique_ptr<Plugin> trainerPlugin;
-  if (!extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin)) {
-    throw ConfigError(recipe.location("trainer.name").str() + ": trainer.name: ptrain plan asks the trainer for its "
-                      "model's shape, and there is none to ask (" + whyNot + ")");
-  }
-  recipe.validate(schema);
-
-  plan::DeviceSpec device;
-  int64_t clusterCount = 0;
-  if (!args.cluster.empty()) {
-    device = deviceFromCluster(args.cluster, &clusterCount);
-  } else if (!args.device.empty() && args.device != "host") {
-    const plan::DeviceSpec* preset = plan::findDevicePreset(args.device);
+plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount) {
+  *clusterCount = 0;
+  if (!cluster.empty()) return deviceFromCluster(cluster, clusterCount);
+  if (!device.empty() && device != "host") {
+    const plan::DeviceSpec* preset = plan::findDevicePreset(device);
     if (preset == nullptr) {
-      throw ConfigError("--device: '" + args.device + "' is not a preset; use host or one of " + presetNames());
+      throw ConfigError("--device: '" + device + "' is not a preset; use host or one of " + presetNames());
     }
-    device = *preset;
-  } else {
-    device = hostDevice();
+    return *preset;
   }
-  const int world = args.nproc > 0 ? args.nproc
-                    : clusterCount > 0 ? static_cast<int>(clusterCount)
-                                       : static_cast<int>(recipe.getInt("launch.nproc"));
-  const LayoutRequest request = layoutRequestFromRecipe(recipe, world);
-  const auto problems = checkLayout(request);
-  if (!problems.empty()) {
-    std::string text;
-    for (const auto& p : problems) text += (text.empty() ? "" : "\n") + p;
-    throw ConfigError(text);
-  }
-  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
-  trainer.setup(recipe);
-  const auto shape = trainer.modelShape();
-  if (!shape) {
-    throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
-                      "' does not describe its model's shape to the planner");
-  }
-  const LayoutPlan sized = planLayout(request);
+  return hostDevice();
+}
+
+plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized) {
   plan::Layout layout;
   layout.tp = sized.sizes.tp;
   layout.pp = sized.sizes.pp;
@@ -217,6 +218,43 @@ int cmdPlan(const PlanArgs& args) {
   layout.offload_params = recipe.getBool("offload.params");
   layout.offload_grads = recipe.getBool("offload.grads");
   layout.offload_optimizer = recipe.getBool("offload.optimizer");
+  return layout;
+}
+
+std::string memoryText(double bytes) { return mib(bytes); }
+
+int cmdPlan(const PlanArgs& args) {
+  Recipe recipe = Recipe::load(args.recipe, args.overrides);
+  Schema schema;
+  describeCoreKeys(schema);
+  std::string whyNot;
+  std::unique_ptr<Plugin> trainerPlugin;
+  if (!extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin)) {
+    throw ConfigError(recipe.location("trainer.name").str() + ": trainer.name: ptrain plan asks the trainer for its "
+                      "model's shape, and there is none to ask (" + whyNot + ")");
+  }
+  recipe.validate(schema);
+
+  int64_t clusterCount = 0;
+  const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &clusterCount);
+  const int world = args.nproc > 0 ? args.nproc
+                    : clusterCount > 0 ? static_cast<int>(clusterCount)
+                                       : static_cast<int>(recipe.getInt("launch.nproc"));
+  const LayoutRequest request = layoutRequestFromRecipe(recipe, world);
+  const auto problems = checkLayout(request);
+  if (!problems.empty()) {
+    std::string text;
+    for (const auto& p : problems) text += (text.empty() ? "" : "\n") + p;
+    throw ConfigError(text);
+  }
+  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
+  trainer.setup(recipe);
+  const auto shape = trainer.modelShape();
+  if (!shape) {
+    throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
+                      "' does not describe its model's shape to the planner");
+  }
+  const plan::Layout layout = planLayoutOf(recipe, planLayout(request));
 
   const plan::ModelShape& m = *shape;
   std::printf("%s: %s, %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld%s: %.2f M "
@@ -239,6 +277,8 @@ int cmdPlan(const PlanArgs& args) {
               device.name.c_str(), device.memory_gib, device.peak_tflops_fp32, device.peak_tflops_half,
               100 * device.efficiency, device.intra_node_gbps, device.inter_node_gbps,
               device.name == "host" ? " (products measured now)" : "");
+
+  if (args.search) return printSearch(m, layout, device);
 
   std::vector<plan::MemoryEstimate> stages{plan::estimateMemory(m, layout, device, 0)};
   if (layout.pp > 1) stages.push_back(plan::estimateMemory(m, layout, device, layout.pp - 1));

@@ -6,6 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "ptrain/layout/validation.h"
+#include "ptrain/plan/cost_model.h"
+
+namespace ptrain {
+class Recipe;
+}
+
 namespace ptrain::cli {
 
 struct LaunchArgs {
@@ -29,6 +36,10 @@ struct CheckArgs {
   std::string recipe;
   std::vector<std::string> overrides;
   int nproc = 0;  // 0: the recipe's launch.nproc (or 1)
+  // With either: the layout must also fit the device, by the planner's
+  // memory model (an error with the first fix when it does not).
+  std::string device;
+  std::string cluster;
 };
 
 struct BenchCommArgs {
@@ -50,7 +61,16 @@ struct PlanArgs {
   int nproc = 0;        // 0: the cluster's count, else the recipe's launch.nproc
   std::string cluster;  // a cluster file (YAML); empty: --device
   std::string device;   // a preset name, or host (the default: this machine, measured)
+  bool search = false;  // rank every layout of the world instead
 };
+
+// The device `ptrain plan` and `ptrain check` size a layout for: a cluster
+// file's, a preset by name, or this machine (measured) when both are empty.
+plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount);
+// The planner's view of a recipe's layout and levers.
+plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized);
+// "1.25 GiB", "512.0 MiB".
+std::string memoryText(double bytes);
 
 int cmdRun(const RunArgs& args);
 int cmdPlan(const PlanArgs& args);

@@ -307,4 +307,56 @@ std::vector<Advice> adviseWhenOverMemory(const ModelShape& m, const Layout& l, c
   return out;
 }
 
+std::vector<Candidate> searchLayouts(const ModelShape& m, const Layout& base, const DeviceSpec& device,
+                                     int64_t world, size_t limit) {
+  std::vector<Candidate> all;
+  const double capacity = device.memory_gib * kGiB;
+  for (int64_t tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0 || m.heads % tp != 0 || m.vocab % tp != 0 || tp > device.per_node) continue;
+    for (int64_t pp = 1; pp * tp <= world; ++pp) {
+      if ((world / tp) % pp != 0 || m.num_layers % pp != 0) continue;
+      const int64_t dp = world / (tp * pp);
+      if (base.global_batch % dp != 0) continue;
+      if (m.num_experts > 0 && (m.num_experts % base.ep != 0 || world % (base.ep * base.etp * pp) != 0)) continue;
+      const int64_t share = base.global_batch / dp;
+      for (int64_t micro = 1; micro <= share; ++micro) {
+        if (share % micro != 0) continue;
+        const bool sp = tp > 1 && m.seq % tp == 0;
+        for (const char* recompute : {"none", "selective", "full"}) {
+          for (int offload = 0; offload < 2; ++offload) {
+            for (int distributed = 0; distributed < (dp > 1 && offload == 0 ? 2 : 1); ++distributed) {
+              Layout l = base;
+              l.tp = tp;
+              l.pp = pp;
+              l.vpp = 1;
+              l.dp = dp;
+              l.sequence_parallel = sp;
+              l.schedule = "1f1b";
+              l.micro_batch = micro;
+              l.recompute = recompute;
+              l.offload_params = offload != 0;
+              l.offload_grads = l.offload_optimizer = false;
+              l.distributed_optimizer = distributed != 0;
+              Candidate c;
+              c.layout = l;
+              c.memory = peakMemory(m, l, device);
+              c.time = estimateStepTime(m, l, device);
+              c.tokens_per_s = static_cast<double>(l.global_batch * m.seq) / c.time.total();
+              c.fits = c.memory.total() <= capacity;
+              all.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.tokens_per_s > b.tokens_per_s;
+    return a.memory.total() < b.memory.total();
+  });
+  if (all.size() > limit) all.resize(limit);
+  return all;
+}
+
 }  // namespace ptrain::plan

@@ -152,4 +152,24 @@ struct Advice {
 PTRAIN_API std::vector<Advice> adviseWhenOverMemory(const ModelShape& shape, const Layout& layout,
                                                     const DeviceSpec& device);
 
+// One layout the search considered, with its predictions.
+struct Candidate {
+  Layout layout;
+  MemoryEstimate memory;  // the peak stage's
+  TimeEstimate time;
+  double tokens_per_s = 0;
+  bool fits = false;
+};
+
+// Every layout of `world` devices for the model (tp dividing the heads and
+// the vocabulary and at most a node; pp dividing the layers; dp the rest;
+// micro-batches dividing each data-parallel share of `base.global_batch`;
+// sequence parallelism whenever tp > 1; recompute none, selective, full;
+// parameter offload off and on; the distributed optimizer when dp > 1 and
+// nothing is offloaded), with ep, etp, precision and optimizer kept from
+// `base`. Those that fit come first, by predicted tokens per second, then the
+// rest by memory; at most `limit`.
+PTRAIN_API std::vector<Candidate> searchLayouts(const ModelShape& shape, const Layout& base, const DeviceSpec& device,
+                                                int64_t world, size_t limit = 10);
+
 }  // namespace ptrain::plan
