@@ -175,6 +175,7 @@ class TieredOffload final : public OffloadPlugin {
     if (settings.grads)
       for (const auto& p : trained) bytes += pageRound(p.numel() * std::max<int64_t>(4, p.element_size()));
     if (bytes == 0) return;
+    blockParams_ = blocks;
     tiers_.push_back(std::make_unique<DiskTier>(settings.folder, ctx_.rank, bytes));
     DiskTier& tier = *tiers_.back();
     if (settings.params) {
@@ -277,9 +278,9 @@ class TieredOffload final : public OffloadPlugin {
 
   void afterBlockBackward(int index) override {
     if (settings_.params) sendBack(index);
-    if (!settings_.grads || !settings_.params) return;
-    for (const auto& rp : blocks_[static_cast<size_t>(index)]) {
-      auto it = restingGrad_.find(rp.param.unsafeGetTensorImpl());
+    if (!settings_.grads || index < 0 || index >= static_cast<int>(blockParams_.size())) return;
+    for (const auto& p : blockParams_[static_cast<size_t>(index)]) {
+      auto it = restingGrad_.find(p.unsafeGetTensorImpl());
       if (it != restingGrad_.end()) evict(it->second);
     }
   }
@@ -363,7 +364,8 @@ class TieredOffload final : public OffloadPlugin {
   std::vector<std::unique_ptr<DiskTier>> tiers_;  // one file per attach
   DiskTier* gradTier_ = nullptr;
   Optimizer* optimizer_ = nullptr;
-  std::vector<std::vector<RestingParameter>> blocks_;
+  std::vector<std::vector<RestingParameter>> blocks_;  // offload.params
+  std::vector<std::vector<at::Tensor>> blockParams_;   // each block's parameters, whatever is offloaded
   std::vector<GradSlot> grads_;
   std::vector<std::vector<at::Tensor>> states_;  // regions, per optimizer parameter
   std::map<const c10::TensorImpl*, at::Tensor> restingParam_, restingGrad_;
