@@ -46,6 +46,30 @@ TEST(Plan, SearchListsTheBestLayoutsBesideTheRecipes) {
   EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
 }
 
+TEST(Plan, AClusterOfTwoGenerationsGetsALayoutPerGroupAndABatchSplitBySpeed) {
+  const std::string cluster = configs() + "clusters/a100_v100.yaml";
+  auto r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", cluster, "model.num_layers=8",
+                      "model.hidden_size=1024", "model.num_attention_heads=16", "model.seq_length=512",
+                      "train.global_batch_size=64", "precision.name=fp16"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text : {"cluster: 4 x A100-80G + 4 x V100-32G", "even", "by speed",
+                           "predicted gain of the split by speed over the even split"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+  }
+  // The faster group takes more rows.
+  const size_t bySpeed = r.output.find("by speed");
+  ASSERT_NE(bySpeed, std::string::npos);
+  const auto rowsAfter = [&](const std::string& group) {
+    const size_t at = r.output.find(group, bySpeed);
+    return at == std::string::npos ? -1 : std::stoi(r.output.substr(at + group.size()));
+  };
+  EXPECT_GT(rowsAfter("4 x A100-80G"), rowsAfter("4 x V100-32G")) << r.output;
+  // `ptrain check` sizes one device kind and says where to go instead.
+  auto check = runPtrain({"check", configs() + "quickstart.yaml", "--cluster", cluster});
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  EXPECT_NE(check.output.find("2 groups of devices"), std::string::npos) << check.output;
+}
+
 TEST(Plan, CheckRefusesALayoutPredictedNotToFitItsDevice) {
   const std::vector<std::string> big = {"--nproc", "1", "model.num_layers=32", "model.hidden_size=4096",
                                         "model.num_attention_heads=32", "model.seq_length=1024",
@@ -64,10 +88,10 @@ TEST(Plan, CheckRefusesALayoutPredictedNotToFitItsDevice) {
 
 TEST(Plan, ClusterFilesAndPresetsItCannotUseAreRefusedInOneLine) {
   TempDir tmp;
-  const std::string two = tmp.write("two.yaml", "groups:\n  - {device: A100-80G, count: 4}\n  - {device: V100-32G, count: 4}\n");
+  const std::string two = tmp.write("two.yaml", "groups:\n  - {device: A100-80G, count: 4}\n  - {device: V100-32G}\n");
   auto r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", two});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(two + ":3:5: groups: 2 groups"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(two + ":3:5: count: expected the group's number of devices"), std::string::npos) << r.output;
 
   const std::string unknown = tmp.write("unknown.yaml", "groups:\n  - {device: A200, count: 8}\n");
   r = runPtrain({"plan", configs() + "quickstart.yaml", "--cluster", unknown});

@@ -187,6 +187,57 @@ TEST(CostModel, SearchRanksValidLayoutsThatFitByThroughput) {
   EXPECT_FALSE(easy.front().layout.offload_params);
 }
 
+TEST(CostModel, SearchInterleavesAndSplitsExpertsWhereTheyFit) {
+  plan::ModelShape m = smallShape();
+  m.num_layers = 8;
+  m.num_experts = 4;
+  plan::Layout base;
+  base.global_batch = 16;
+  bool interleaved = false, experts = false;
+  for (const auto& c : plan::searchLayouts(m, base, roomyDevice(), 4, 100000)) {
+    const plan::Layout& l = c.layout;
+    EXPECT_EQ(m.num_experts % l.ep, 0);
+    EXPECT_EQ((4 / l.pp) % l.ep, 0);
+    if (l.vpp > 1) {
+      interleaved = true;
+      EXPECT_EQ(l.schedule, "interleaved");
+      EXPECT_EQ(m.num_layers % (l.pp * l.vpp), 0);
+      EXPECT_EQ(l.microBatches() % l.pp, 0);
+    }
+    experts = experts || l.ep > 1;
+  }
+  EXPECT_TRUE(interleaved);
+  EXPECT_TRUE(experts);
+}
+
+TEST(CostModel, HeterogeneousGroupsSplitTheBatchByPredictedSpeed) {
+  // Two groups of two devices, one twice as fast, with no communication cost
+  // to speak of: rows in proportion 2:1 make both groups take equally long,
+  // a step two thirds of the even split's (the slow group's) time.
+  plan::ModelShape m = smallShape();
+  plan::DeviceSpec fast = roomyDevice(), slow = roomyDevice();
+  fast.name = "fast";
+  slow.name = "slow";
+  fast.intra_node_gbps = slow.intra_node_gbps = fast.inter_node_gbps = slow.inter_node_gbps = 1e9;
+  slow.peak_tflops_fp32 = fast.peak_tflops_fp32 / 2;
+  plan::Layout base;
+  base.global_batch = 24;
+  const auto hp = plan::planHeterogeneous(m, base, {{fast, 2}, {slow, 2}});
+  ASSERT_EQ(hp.even.size(), 2u);
+  EXPECT_EQ(hp.even[0].rows, 12);
+  EXPECT_EQ(hp.even[1].rows, 12);
+  EXPECT_EQ(hp.balanced[0].rows, 16);
+  EXPECT_EQ(hp.balanced[1].rows, 8);
+  EXPECT_NEAR(hp.balanced_time / hp.even_time, 2.0 / 3.0, 0.02);
+  // Equal groups: nothing to gain.
+  const auto same = plan::planHeterogeneous(m, base, {{fast, 2}, {fast, 2}});
+  EXPECT_EQ(same.balanced[0].rows, 12);
+  EXPECT_DOUBLE_EQ(same.balanced_time, same.even_time);
+  // A batch that cannot be split in whole multiples of the groups' sizes.
+  base.global_batch = 3;
+  EXPECT_THROW(plan::planHeterogeneous(m, base, {{fast, 2}, {slow, 2}}), ConfigError);
+}
+
 // Counted against the model ptrain builds: each rank's parameters, and what
 // the first step reports of its memory.
 struct Measured {

@@ -428,3 +428,38 @@ TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
 
 }  // namespace
 }  // namespace ptrain
+
+namespace ptrain {
+namespace {
+
+TEST(DataParallelRows, SharesGiveWholeRowsOrNothing) {
+  EXPECT_EQ(dataParallelRows(64, 2, {}), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(dataParallelRows(64, 2, {3, 1}), (std::vector<int64_t>{48, 16}));
+  // Decimal weights are whole up to rounding; rows as shares are themselves.
+  EXPECT_EQ(dataParallelRows(10, 2, {0.6, 0.4}), (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(dataParallelRows(24, 3, {12, 8, 4}), (std::vector<int64_t>{12, 8, 4}));
+  EXPECT_FALSE(dataParallelRows(64, 2, {2, 1}).has_value());  // 42.67 rows
+  EXPECT_FALSE(dataParallelRows(64, 3, {}).has_value());
+  EXPECT_FALSE(dataParallelRows(64, 2, {1, 1, 2}).has_value());
+  EXPECT_FALSE(dataParallelRows(64, 2, {1, 0}).has_value());
+}
+
+TEST(DataParallelRows, PlanTakesTheFewestMicroBatches) {
+  LayoutRequest q;
+  q.world = 2;
+  q.global_batch_size = 64;
+  q.micro_batch_size = 8;
+  q.data_parallel_shares = {3, 1};
+  const LayoutPlan plan = planLayout(q);
+  EXPECT_EQ(plan.data_rows, (std::vector<int64_t>{48, 16}));
+  EXPECT_EQ(plan.micro_batches, 2);
+  // Experts exchange tokens every micro-batch: uneven counts are refused.
+  q.num_experts = 4;
+  q.ep = 2;
+  const auto problems = checkLayout(q);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("cannot be uneven with expert_model_parallel_size=2"), std::string::npos) << problems[0];
+}
+
+}  // namespace
+}  // namespace ptrain

@@ -13,11 +13,15 @@
 // at pp=2 and pp=4 beside its formula. Then, for both sizes, fp32 / bf16 /
 // fp16 with every fusion off and on: ATen operators dispatched per step
 // (log.count_ops), step time and peak RSS, and what each fusion alone saves.
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory]` runs only the sections named.
+// Then two ranks with one slowed on purpose, the batch split evenly and 2:1
+// (parallel.data_parallel_shares).
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares]` runs only the sections named.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -80,12 +84,12 @@ struct PtrainRun {
 };
 
 PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int nproc,
-                    const std::string& overrides = "") {
+                    const std::string& overrides = "", const std::string& env = "") {
   const std::string runDir =
       (fs::temp_directory_path() / ("ptrain-bench-" + s.name + "-" + std::to_string(getpid()))).string();
   fs::remove_all(runDir);
   std::ostringstream cmd;
-  cmd << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << nproc << " --run-dir "
+  cmd << env << (env.empty() ? "" : " ") << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << nproc << " --run-dir "
       << runDir << " launch.nproc=" << nproc << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
       << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
       << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
@@ -123,6 +127,59 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
   run.tokens_cv = median(cv);
   return run;
 }
+
+// Slows one worker of the runs started while it lives to `duty` of its speed,
+// as a device that much slower would: the worker is stopped and continued in
+// turn (SIGSTOP, SIGCONT, as cpulimit does), every `period`. The worker is the
+// process whose environment holds `tag`, PTRAIN_WORKER=1 and RANK=<rank>.
+class RankThrottle {
+ public:
+  RankThrottle(std::string tag, int rank, double duty)
+      : tag_(std::move(tag)), rank_("RANK=" + std::to_string(rank)), duty_(duty), thread_([this] { loop(); }) {}
+  ~RankThrottle() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  pid_t find() const {
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(entry.path() / "environ", std::ios::binary);
+      std::string var;
+      bool tagged = false, worker = false, ranked = false;
+      while (std::getline(in, var, '\0')) {
+        tagged = tagged || var == tag_;
+        worker = worker || var == "PTRAIN_WORKER=1";
+        ranked = ranked || var == rank_;
+      }
+      if (tagged && worker && ranked) return static_cast<pid_t>(std::stol(name));
+    }
+    return 0;
+  }
+  void loop() {
+    const auto period = std::chrono::milliseconds(20);
+    pid_t pid = 0;
+    while (!stop_) {
+      if (pid == 0 || kill(pid, SIGCONT) != 0) {
+        pid = find();
+        std::this_thread::sleep_for(period);
+        continue;
+      }
+      std::this_thread::sleep_for(period * duty_);
+      if (stop_) break;
+      kill(pid, SIGSTOP);
+      std::this_thread::sleep_for(period * (1 - duty_));
+    }
+    if (pid != 0) kill(pid, SIGCONT);
+  }
+
+  std::string tag_, rank_;
+  double duty_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // fp32 matmul peak of this machine with all cores, GFLOP/s.
 double matmulPeak(int threads) {
@@ -175,9 +232,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
     if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
-        name != "memory") {
+        name != "memory" && name != "shares") {
       std::fprintf(stderr,
-                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe or memory (default: "
+                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory or shares (default: "
                    "all)\n",
                    name.c_str());
       return 2;
@@ -368,6 +425,29 @@ int main(int argc, char** argv) {
                 sharded.step_s / dp2.step_s, 100.0 * (1.0 - sharded.rss_mb / dp2.rss_mb));
     std::printf("(RSS: rank 0's peak resident set; the last column: how much lower than without the lever, the dp=2\n"
                 " rows against each other)\n");
+  }
+  // Uneven data-parallel shares: two ranks, the second slowed to half its
+  // speed; the even split waits for it every step, the 2:1 split
+  // (parallel.data_parallel_shares) gives it half the rows of the first.
+  if (runs("shares")) {
+    GptSize s = sizes.front();
+    s.batch = 48;
+    std::printf("\nuneven data-parallel shares, %s model, 2 ranks, rank 1 slowed to 50%% (stopped half of every 20 ms):\n",
+                s.name.c_str());
+    std::printf("%-24s %8s %9s\n", "split (rows per rank)", "step s", "vs even");
+    const std::string tag = "PTRAIN_BENCH_TAG=" + std::to_string(getpid());
+    PtrainRun plain = runPtrain(binary, source, s, warmup, 2, "train.micro_batch_size=4");
+    std::printf("%-24s %8.3f %9s\n", "even, not slowed", plain.step_s, "");
+    PtrainRun even, uneven;
+    {
+      RankThrottle throttle(tag, 1, 0.5);
+      even = runPtrain(binary, source, s, warmup, 2, "train.micro_batch_size=4", tag);
+      uneven = runPtrain(binary, source, s, warmup, 2, "train.micro_batch_size=4 parallel.data_parallel_shares=[2,1]",
+                         tag);
+    }
+    std::printf("%-24s %8.3f %9s\n", "even [24, 24]", even.step_s, "");
+    std::printf("%-24s %8.3f %8.2fx\n", "shares 2:1 [32, 16]", uneven.step_s, even.step_s / uneven.step_s);
+    std::printf("(predicted gain of 2:1 over even for a rank at half speed: 1.50x)\n");
   }
   return 0;
 }

@@ -177,6 +177,11 @@ int cmdCheck(const CheckArgs& args) {
   std::printf("batch: global=%lld micro=%lld%s micro-batches per step=%lld\n",
               static_cast<long long>(plan.global_batch_size), static_cast<long long>(plan.micro_batch_size),
               plan.micro_batch_size_derived ? " (global/dp)" : "", static_cast<long long>(plan.micro_batches));
+  if (recipe.has("parallel.data_parallel_shares")) {
+    std::string rows;
+    for (int64_t r : plan.data_rows) rows += (rows.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("data-parallel shares: rows per rank [%s] (the fewest micro-batches above)\n", rows.c_str());
+  }
   const std::string trainer = recipe.getString("trainer.name");
   if (trainerKeys) {
     std::printf("trainer: %s\n", trainer.c_str());

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 
 #include <yaml-cpp/yaml.h>
 
@@ -69,11 +70,12 @@ std::string presetNames() {
   return names;
 }
 
-// A cluster file: one group of devices (a preset by name, or a full
-// description), e.g.
+// A cluster file: groups of devices, each a preset by name or a full
+// description, e.g.
 //   groups:
-//     - {device: A100-80G, count: 8}
-plan::DeviceSpec deviceFromCluster(const std::string& path, int64_t* count) {
+//     - {device: A100-80G, count: 4}
+//     - {device: V100-32G, count: 4}
+std::vector<plan::DeviceGroup> groupsFromCluster(const std::string& path) {
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -90,51 +92,54 @@ plan::DeviceSpec deviceFromCluster(const std::string& path, int64_t* count) {
   if (!groups || !groups.IsSequence() || groups.size() == 0) {
     throw ConfigError(path + ": groups: expected a list of device groups, e.g. [{device: A100-80G, count: 8}]");
   }
-  if (groups.size() > 1) {
-    throw ConfigError(where(groups[1]) + "groups: " + std::to_string(groups.size()) +
-                      " groups; ptrain plan sizes a cluster of one device kind (heterogeneous groups are not "
-                      "planned yet); plan each group with its own file");
-  }
-  const YAML::Node g = groups[0];
-  const YAML::Node device = g["device"];
-  plan::DeviceSpec d;
-  if (device && device.IsScalar()) {
-    const std::string name = device.as<std::string>();
-    const plan::DeviceSpec* preset = plan::findDevicePreset(name);
-    if (preset == nullptr) {
-      throw ConfigError(where(device) + "device: '" + name + "' is not a preset; use one of " + presetNames() +
-                        ", or describe it (memory_gib, peak_tflops_fp32, peak_tflops_half, ...)");
-    }
-    d = *preset;
-  } else if (device && device.IsMap()) {
-    auto number = [&](const char* key, double fallback) {
-      const YAML::Node n = device[key];
-      if (!n) return fallback;
-      try {
-        return n.as<double>();
-      } catch (const YAML::Exception&) {
-        throw ConfigError(where(n) + "device." + key + ": expected a number, got '" + n.as<std::string>() + "'");
+  std::vector<plan::DeviceGroup> out;
+  for (const YAML::Node& g : groups) {
+    const YAML::Node device = g["device"];
+    plan::DeviceSpec d;
+    if (device && device.IsScalar()) {
+      const std::string name = device.as<std::string>();
+      const plan::DeviceSpec* preset = plan::findDevicePreset(name);
+      if (preset == nullptr) {
+        throw ConfigError(where(device) + "device: '" + name + "' is not a preset; use one of " + presetNames() +
+                          ", or describe it (memory_gib, peak_tflops_fp32, peak_tflops_half, ...)");
       }
-    };
-    d.name = device["name"] ? device["name"].as<std::string>() : "custom";
-    d.memory_gib = number("memory_gib", 0);
-    d.peak_tflops_fp32 = number("peak_tflops_fp32", 0);
-    d.peak_tflops_half = number("peak_tflops_half", d.peak_tflops_fp32);
-    d.efficiency = number("efficiency", 0.5);
-    d.intra_node_gbps = number("intra_node_gbps", 100);
-    d.inter_node_gbps = number("inter_node_gbps", 12.5);
-    d.offload_gbps = number("offload_gbps", 12);
-    d.per_node = static_cast<int>(number("per_node", 8));
-    d.reserved_gib = number("reserved_gib", 1);
-    if (d.memory_gib <= 0 || d.peak_tflops_fp32 <= 0) {
-      throw ConfigError(where(device) + "device: memory_gib and peak_tflops_fp32 must be above 0");
+      d = *preset;
+    } else if (device && device.IsMap()) {
+      auto number = [&](const char* key, double fallback) {
+        const YAML::Node n = device[key];
+        if (!n) return fallback;
+        try {
+          return n.as<double>();
+        } catch (const YAML::Exception&) {
+          throw ConfigError(where(n) + "device." + key + ": expected a number, got '" + n.as<std::string>() + "'");
+        }
+      };
+      d.name = device["name"] ? device["name"].as<std::string>() : "custom";
+      d.memory_gib = number("memory_gib", 0);
+      d.peak_tflops_fp32 = number("peak_tflops_fp32", 0);
+      d.peak_tflops_half = number("peak_tflops_half", d.peak_tflops_fp32);
+      d.efficiency = number("efficiency", 0.5);
+      d.intra_node_gbps = number("intra_node_gbps", 100);
+      d.inter_node_gbps = number("inter_node_gbps", 12.5);
+      d.offload_gbps = number("offload_gbps", 12);
+      d.per_node = static_cast<int>(number("per_node", 8));
+      d.reserved_gib = number("reserved_gib", 1);
+      if (d.memory_gib <= 0 || d.peak_tflops_fp32 <= 0) {
+        throw ConfigError(where(device) + "device: memory_gib and peak_tflops_fp32 must be above 0");
+      }
+    } else {
+      throw ConfigError(where(g) + "device: missing; name a preset (e.g. A100-80G) or describe the device");
     }
-  } else {
-    throw ConfigError(where(g) + "device: missing; name a preset (e.g. A100-80G) or describe the device");
+    try {
+      if (g["per_node"]) d.per_node = g["per_node"].as<int>();
+      const int64_t count = g["count"] ? g["count"].as<int64_t>() : 0;
+      if (count < 1) throw ConfigError(where(g) + "count: expected the group's number of devices (1 or more)");
+      out.push_back({d, count});
+    } catch (const YAML::Exception&) {
+      throw ConfigError(where(g) + "count and per_node: expected whole numbers");
+    }
   }
-  if (g["per_node"]) d.per_node = g["per_node"].as<int>();
-  *count = g["count"] ? g["count"].as<int64_t>() : 0;
-  return d;
+  return out;
 }
 
 std::string mib(double bytes) {
@@ -181,11 +186,103 @@ int printSearch(const plan::ModelShape& m, const plan::Layout& mine, const plan:
   return candidates.empty() || !candidates.front().fits ? 2 : 0;
 }
 
+std::string layoutText(const plan::Layout& l) {
+  std::string text = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp);
+  if (l.vpp > 1) text += " vpp " + std::to_string(l.vpp);
+  text += " dp " + std::to_string(l.dp);
+  if (l.ep > 1) text += " ep " + std::to_string(l.ep);
+  text += " micro " + std::to_string(l.micro_batch);
+  if (l.recompute != "none") text += ", recompute " + l.recompute;
+  if (l.offload_params) text += ", offload params";
+  if (l.distributed_optimizer) text += ", distributed optimizer";
+  return text;
+}
+
+// Several device kinds: each group's own layout for its rows, the batch
+// split evenly and by the groups' predicted speed, and how to run the split.
+int printHeterogeneous(const std::string& recipePath, const plan::ModelShape& m, const plan::Layout& base,
+                       const std::vector<plan::DeviceGroup>& groups) {
+  std::string names;
+  int64_t devices = 0;
+  for (const auto& g : groups) {
+    names += (names.empty() ? "" : " + ") + std::to_string(g.count) + " x " + g.device.name;
+    devices += g.count;
+  }
+  std::printf("cluster: %s; global batch %lld rows of %lld tokens, %s\n\n", names.c_str(),
+              static_cast<long long>(base.global_batch), static_cast<long long>(m.seq), base.precision.c_str());
+  const plan::HeterogeneousPlan hp = plan::planHeterogeneous(m, base, groups);
+  std::printf("  %-10s %-18s %6s  %-52s %12s %10s\n", "split", "group", "rows", "the group's best layout", "memory",
+              "step");
+  auto print = [&](const char* name, const std::vector<plan::GroupPlan>& split, double time) {
+    bool first = true;
+    for (const auto& p : split) {
+      const std::string group = std::to_string(p.group.count) + " x " + p.group.device.name;
+      std::printf("  %-10s %-18s %6lld  %-52s %12s %10s\n", first ? name : "", group.c_str(),
+                  static_cast<long long>(p.rows), p.found ? layoutText(p.best.layout).c_str() : "(nothing fits)",
+                  p.found ? mib(p.best.memory.total()).c_str() : "-", p.found ? seconds(p.best.time.total()).c_str() : "-");
+      first = false;
+    }
+    std::printf("  %-10s %-18s %6s  %-52s %12s %10s\n", "", "step (slowest)", "", "", "",
+                time < 1e299 ? seconds(time).c_str() : "-");
+  };
+  print("even", hp.even, hp.even_time);
+  print("by speed", hp.balanced, hp.balanced_time);
+  for (const auto& p : hp.balanced) {
+    if (!p.found) {
+      std::printf("\n%d x %s holds no layout of the model for %lld rows: add devices to the group or plan it "
+                  "without that group\n", static_cast<int>(p.group.count), p.group.device.name.c_str(),
+                  static_cast<long long>(p.rows));
+      return 2;
+    }
+  }
+  std::printf("\npredicted gain of the split by speed over the even split: %.2fx (%.0f vs %.0f tokens/s)\n",
+              hp.even_time / hp.balanced_time, static_cast<double>(base.global_batch * m.seq) / hp.balanced_time,
+              static_cast<double>(base.global_batch * m.seq) / hp.even_time);
+
+  // ptrain runs one model-parallel layout per job; uneven rows per
+  // data-parallel rank it runs (parallel.data_parallel_shares).
+  const plan::Layout& first = hp.balanced.front().best.layout;
+  bool common = first.pp == 1;
+  int64_t micro = 0;
+  for (const auto& p : hp.balanced) {
+    common = common && p.best.layout.tp == first.tp && p.best.layout.pp == first.pp && p.best.layout.ep == first.ep;
+    micro = std::gcd(micro, p.best.layout.micro_batch);
+  }
+  if (common) {
+    std::string shares;
+    for (const auto& p : hp.balanced) {
+      for (int64_t r = 0; r < p.best.layout.dp; ++r) {
+        shares += (shares.empty() ? "" : ",") + std::to_string(p.rows / p.best.layout.dp);
+      }
+    }
+    std::printf("to run it (ranks numbered group by group, as listed): ptrain run %s --nproc %lld "
+                "parallel.tensor_model_parallel_size=%lld train.micro_batch_size=%lld "
+                "parallel.data_parallel_shares=[%s]\n",
+                recipePath.c_str(), static_cast<long long>(devices), static_cast<long long>(first.tp),
+                static_cast<long long>(micro),
+                shares.c_str());
+  } else {
+    std::printf("the groups' best layouts differ in tp, pp or ep, or use a pipeline; one ptrain job runs one "
+                "model-parallel layout, with uneven rows per data-parallel rank "
+                "(parallel.data_parallel_shares): plan the groups with a common --nproc layout to run them together, "
+                "or run each group as its own job\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount) {
   *clusterCount = 0;
-  if (!cluster.empty()) return deviceFromCluster(cluster, clusterCount);
+  if (!cluster.empty()) {
+    const auto groups = groupsFromCluster(cluster);
+    if (groups.size() > 1) {
+      throw ConfigError(cluster + ": " + std::to_string(groups.size()) + " groups of devices: a layout is sized for "
+                        "one device kind; `ptrain plan --cluster " + cluster + "` plans each group and splits the batch");
+    }
+    *clusterCount = groups.front().count;
+    return groups.front().device;
+  }
   if (!device.empty() && device != "host") {
     const plan::DeviceSpec* preset = plan::findDevicePreset(device);
     if (preset == nullptr) {
@@ -235,6 +332,22 @@ int cmdPlan(const PlanArgs& args) {
   }
   recipe.validate(schema);
 
+  if (!args.cluster.empty()) {
+    const auto groups = groupsFromCluster(args.cluster);
+    if (groups.size() > 1) {
+      auto& trainer = static_cast<Trainer&>(*trainerPlugin);
+      trainer.setup(recipe);
+      const auto shape = trainer.modelShape();
+      if (!shape) {
+        throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
+                          "' does not describe its model's shape to the planner");
+      }
+      LayoutPlan sized;
+      sized.global_batch_size = recipe.getInt("train.global_batch_size");
+      sized.micro_batch_size = 1;
+      return printHeterogeneous(args.recipe, *shape, planLayoutOf(recipe, sized), groups);
+    }
+  }
   int64_t clusterCount = 0;
   const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &clusterCount);
   const int world = args.nproc > 0 ? args.nproc

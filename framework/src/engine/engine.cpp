@@ -93,6 +93,9 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.recompute = recipe.getString("model.recompute");
   o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
   o.offload = OffloadSettings::fromRecipe(recipe, runDir());
+  if (recipe.has("parallel.data_parallel_shares")) {
+    o.data_parallel_shares = recipe.getFloatList("parallel.data_parallel_shares");
+  }
   o.recipe = &recipe;
   o.optimizer = OptimizerOptions::fromRecipe(recipe);
   return o;
@@ -173,7 +176,9 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
                         {"grad_norm", result.grad_norm},
                         {"tokens_per_s", tokens / stepTime},
                         {"step_time_s", stepTime},
-                        {"peak_rss_mb", peakRssMb()}};
+                        {"peak_rss_mb", peakRssMb()},
+                        // Rank 0's: its share of the global batch.
+                        {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
     if (!result.applied) line["skipped"] = true;
     if (opCounter) line["aten_ops"] = ops;
     for (const auto& [k, v] : result.stats) line[k] = v;

@@ -38,6 +38,7 @@ LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize) {
 
   q.global_batch_size = recipe.getInt("train.global_batch_size");
   q.micro_batch_size = optionalInt(recipe, "train.micro_batch_size");
+  if (recipe.has("parallel.data_parallel_shares")) q.data_parallel_shares = recipe.getFloatList("parallel.data_parallel_shares");
 
   for (const auto& key : recipe.keysUnder("")) {
     if (recipe.isExplicit(key)) q.written.insert(key);

@@ -13,6 +13,7 @@
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/layout/validation.h"
 #include "ptrain/nn/recompute.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
@@ -272,13 +273,19 @@ std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t 
   auto dpGroup = groups_->group(GroupKind::kData);
   const int64_t dp = dpGroup->size();
   const int64_t rows = globalBatch.size();
-  PTRAIN_CHECK_AS(ConfigError, rows % dp == 0, "a global batch of ", rows, " rows does not split over ", dp,
-                  " data-parallel ranks");
-  const int64_t local = rows / dp;
+  // Uneven shares need no other care: every micro-batch's loss is divided by
+  // the count of the whole global batch, so the sum over ranks is the
+  // single-rank gradient whatever each rank took.
+  const auto split = dataParallelRows(rows, dp, options_.data_parallel_shares);
+  PTRAIN_CHECK_AS(ConfigError, split.has_value(), "a global batch of ", rows, " rows does not split over ", dp,
+                  " data-parallel ranks", options_.data_parallel_shares.empty() ? "" : " by the given shares");
+  int64_t begin = 0;
+  for (int64_t r = 0; r < dpGroup->rank(); ++r) begin += (*split)[static_cast<size_t>(r)];
+  const int64_t local = (*split)[static_cast<size_t>(dpGroup->rank())];
   const int64_t micro = microBatchSize > 0 ? microBatchSize : local;
   PTRAIN_CHECK_AS(ConfigError, micro > 0 && local % micro == 0, "a data-parallel share of ", local,
                   " rows does not split into micro-batches of ", micro);
-  Batch mine = globalBatch.slice(dpGroup->rank() * local, (dpGroup->rank() + 1) * local);
+  Batch mine = globalBatch.slice(begin, begin + local);
   std::vector<Batch> out;
   for (int64_t m = 0; m < local / micro; ++m) out.push_back(mine.slice(m * micro, (m + 1) * micro).to(device()));
   return out;

@@ -1,5 +1,7 @@
 #include "ptrain/layout/validation.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "ptrain/core/text.h"
@@ -86,6 +88,7 @@ const char* kTopk = "model.moe_router_topk";
 const char* kSeq = "model.seq_length";
 const char* kGlobal = "train.global_batch_size";
 const char* kMicro = "train.micro_batch_size";
+const char* kShares = "parallel.data_parallel_shares";
 
 std::string worldMessage(int64_t world, const std::string& names, int64_t product) {
   return "world size " + std::to_string(world) + " is not divisible by " + names + "=" + std::to_string(product) +
@@ -105,6 +108,84 @@ std::string blameGrid(const Values& v, std::vector<std::pair<const char*, int64_
 }
 
 bool denseGridFits(const Values& v) { return v.world % (v.tp * v.pp * v.cp) == 0; }
+
+std::string shareList(const std::vector<double>& shares) {
+  std::string out;
+  for (double s : shares) out += (out.empty() ? "" : ", ") + text::formatNumber(s);
+  return "[" + out + "]";
+}
+
+// Whole micro-batches for each rank as near to its share as they come
+// (largest remainders first), as rows: a fix to suggest.
+std::string nearestWholeShares(int64_t global, int64_t micro, const std::vector<double>& shares) {
+  const int64_t micros = global / micro;
+  double total = 0;
+  for (double s : shares) total += s;
+  std::vector<int64_t> counts(shares.size());
+  std::vector<std::pair<double, size_t>> remainders;
+  int64_t given = 0;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    const double exact = static_cast<double>(micros) * shares[i] / total;
+    counts[i] = std::max<int64_t>(1, static_cast<int64_t>(exact));
+    given += counts[i];
+    remainders.push_back({exact - static_cast<double>(counts[i]), i});
+  }
+  std::sort(remainders.rbegin(), remainders.rend());
+  for (size_t k = 0; given < micros && k < remainders.size(); ++k, ++given) ++counts[remainders[k].second];
+  std::string out;
+  for (int64_t c : counts) out += (out.empty() ? "" : ", ") + std::to_string(c * micro);
+  return "[" + out + "]";
+}
+
+// The data-parallel shares' problems (at most one).
+std::optional<std::string> sharesProblem(const LayoutRequest& request, const Values& v, int64_t dp) {
+  auto n = [](int64_t x) { return std::to_string(x); };
+  const auto& shares = request.data_parallel_shares;
+  const int64_t global = request.global_batch_size;
+  if (static_cast<int64_t>(shares.size()) != dp) {
+    return v.at({kShares}) + "data_parallel_shares has " + n(static_cast<int64_t>(shares.size())) +
+           " entries but the data-parallel size is dp=" + n(dp) + ": give one share per data-parallel rank";
+  }
+  for (double s : shares) {
+    if (!(s > 0)) {
+      return v.at({kShares}) + "data_parallel_shares " + shareList(shares) +
+             ": every share must be above 0 (each rank takes global_batch_size * share / sum of shares rows)";
+    }
+  }
+  if (!request.micro_batch_size) {
+    return v.at({kShares}) + "data_parallel_shares needs train.micro_batch_size: the ranks take different numbers "
+           "of micro-batches of one size; set it to a divisor of every rank's rows";
+  }
+  const int64_t micro = *request.micro_batch_size;
+  const auto rows = dataParallelRows(global, dp, shares);
+  bool whole = rows.has_value();
+  if (whole) {
+    for (int64_t r : *rows) whole = whole && r % micro == 0;
+  }
+  if (!whole) {
+    return v.at({kShares, kGlobal}) + "global_batch_size=" + n(global) + " does not split by data_parallel_shares " +
+           shareList(shares) + " into whole micro-batches of " + n(micro) + " rows on every rank: use shares " +
+           (global % micro == 0 && global / micro >= dp ? nearestWholeShares(global, micro, shares)
+                                                         : "that are whole multiples of micro_batch_size") +
+           " (rows per rank)";
+  }
+  if (Values::model(request.num_experts) > 0 && v.ep > 1) {
+    return v.at({kShares, kEp}) + "data_parallel_shares cannot be uneven with expert_model_parallel_size=" + n(v.ep) +
+           ": expert parallelism exchanges tokens between data-parallel ranks in every micro-batch, so all must "
+           "run the same number; remove data_parallel_shares, or set expert_model_parallel_size to 1";
+  }
+  if (v.pp > 1 && v.vpp > 1 && v.schedule == "interleaved") {
+    for (size_t i = 0; i < rows->size(); ++i) {
+      const int64_t m = (*rows)[i] / micro;
+      if (m % v.pp != 0) {
+        return v.at({kShares, kSchedule}) + "the interleaved schedule needs every data-parallel rank's micro-batches "
+               "to be a multiple of pipeline_model_parallel_size=" + n(v.pp) + ", but rank " + n(static_cast<int64_t>(i)) +
+               " takes " + n(m) + ": use shares in whole multiples of " + n(micro * v.pp) + " rows, or pipeline_schedule 1f1b";
+      }
+    }
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -227,7 +308,11 @@ std::vector<std::string> checkLayout(const LayoutRequest& request) {
   }
 
   // The global batch splits into micro-batches on every data-parallel rank.
-  if (denseOk) {
+  const bool shared = !request.data_parallel_shares.empty();
+  if (denseOk && shared) {
+    if (auto problem = sharesProblem(request, v, v.world / dense)) out.push_back(*problem);
+  }
+  if (denseOk && !shared) {
     const int64_t dp = v.world / dense;
     const int64_t global = request.global_batch_size;
     if (request.micro_batch_size) {
@@ -247,7 +332,7 @@ std::vector<std::string> checkLayout(const LayoutRequest& request) {
   }
 
   // Megatron's interleaved schedule runs micro-batches in groups of pp.
-  if (denseOk && v.pp > 1 && v.vpp > 1 && v.schedule == "interleaved") {
+  if (denseOk && !shared && v.pp > 1 && v.vpp > 1 && v.schedule == "interleaved") {
     const int64_t dp = v.world / dense;
     const int64_t global = request.global_batch_size;
     const int64_t micro = request.micro_batch_size ? *request.micro_batch_size : (global % dp == 0 ? global / dp : 0);
@@ -334,8 +419,35 @@ LayoutPlan planLayout(const LayoutRequest& request) {
   plan.global_batch_size = request.global_batch_size;
   plan.micro_batch_size_derived = !request.micro_batch_size;
   plan.micro_batch_size = plan.micro_batch_size_derived ? plan.global_batch_size / plan.dp : *request.micro_batch_size;
-  plan.micro_batches = plan.global_batch_size / (plan.micro_batch_size * plan.dp);
+  plan.data_rows = *dataParallelRows(plan.global_batch_size, plan.dp, request.data_parallel_shares);
+  plan.micro_batches = *std::min_element(plan.data_rows.begin(), plan.data_rows.end()) / plan.micro_batch_size;
   return plan;
+}
+
+std::optional<std::vector<int64_t>> dataParallelRows(int64_t global, int64_t dp, const std::vector<double>& shares) {
+  if (dp < 1) return std::nullopt;
+  if (shares.empty()) {
+    if (global % dp != 0) return std::nullopt;
+    return std::vector<int64_t>(static_cast<size_t>(dp), global / dp);
+  }
+  if (static_cast<int64_t>(shares.size()) != dp) return std::nullopt;
+  double total = 0;
+  for (double s : shares) {
+    if (!(s > 0)) return std::nullopt;
+    total += s;
+  }
+  std::vector<int64_t> rows;
+  int64_t sum = 0;
+  for (double s : shares) {
+    const double exact = static_cast<double>(global) * s / total;
+    const int64_t whole = static_cast<int64_t>(std::llround(exact));
+    // Shares written as decimals (0.6, 0.4) are whole up to rounding.
+    if (whole < 1 || std::abs(exact - static_cast<double>(whole)) > 1e-6 * std::max(1.0, exact)) return std::nullopt;
+    rows.push_back(whole);
+    sum += whole;
+  }
+  if (sum != global) return std::nullopt;
+  return rows;
 }
 
 }  // namespace ptrain

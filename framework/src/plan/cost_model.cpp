@@ -311,39 +311,56 @@ std::vector<Candidate> searchLayouts(const ModelShape& m, const Layout& base, co
                                      int64_t world, size_t limit) {
   std::vector<Candidate> all;
   const double capacity = device.memory_gib * kGiB;
+  // Expert-parallel sizes: the recipe's for a dense model (1), every divisor
+  // of the experts that tiles the ranks of a stage for a MoE model.
+  auto expertSizes = [&](int64_t pp) {
+    std::vector<int64_t> out;
+    if (m.num_experts == 0) return std::vector<int64_t>{1};
+    for (int64_t ep = 1; ep <= m.num_experts; ++ep) {
+      if (m.num_experts % ep == 0 && (world / pp) % (ep * base.etp) == 0) out.push_back(ep);
+    }
+    return out;
+  };
   for (int64_t tp = 1; tp <= world; ++tp) {
     if (world % tp != 0 || m.heads % tp != 0 || m.vocab % tp != 0 || tp > device.per_node) continue;
     for (int64_t pp = 1; pp * tp <= world; ++pp) {
       if ((world / tp) % pp != 0 || m.num_layers % pp != 0) continue;
       const int64_t dp = world / (tp * pp);
       if (base.global_batch % dp != 0) continue;
-      if (m.num_experts > 0 && (m.num_experts % base.ep != 0 || world % (base.ep * base.etp * pp) != 0)) continue;
       const int64_t share = base.global_batch / dp;
-      for (int64_t micro = 1; micro <= share; ++micro) {
-        if (share % micro != 0) continue;
-        const bool sp = tp > 1 && m.seq % tp == 0;
-        for (const char* recompute : {"none", "selective", "full"}) {
-          for (int offload = 0; offload < 2; ++offload) {
-            for (int distributed = 0; distributed < (dp > 1 && offload == 0 ? 2 : 1); ++distributed) {
-              Layout l = base;
-              l.tp = tp;
-              l.pp = pp;
-              l.vpp = 1;
-              l.dp = dp;
-              l.sequence_parallel = sp;
-              l.schedule = "1f1b";
-              l.micro_batch = micro;
-              l.recompute = recompute;
-              l.offload_params = offload != 0;
-              l.offload_grads = l.offload_optimizer = false;
-              l.distributed_optimizer = distributed != 0;
-              Candidate c;
-              c.layout = l;
-              c.memory = peakMemory(m, l, device);
-              c.time = estimateStepTime(m, l, device);
-              c.tokens_per_s = static_cast<double>(l.global_batch * m.seq) / c.time.total();
-              c.fits = c.memory.total() <= capacity;
-              all.push_back(c);
+      for (int64_t ep : expertSizes(pp)) {
+        for (int64_t micro = 1; micro <= share; ++micro) {
+          if (share % micro != 0) continue;
+          // The interleaved schedule (two model chunks per stage) where the
+          // layers split into them and the micro-batches into groups of pp.
+          const bool interleavable = pp > 1 && m.num_layers % (2 * pp) == 0 && (share / micro) % pp == 0;
+          for (int64_t vpp = 1; vpp <= (interleavable ? 2 : 1); ++vpp) {
+            const bool sp = tp > 1 && m.seq % tp == 0;
+            for (const char* recompute : {"none", "selective", "full"}) {
+              for (int offload = 0; offload < 2; ++offload) {
+                for (int distributed = 0; distributed < (dp > 1 && offload == 0 ? 2 : 1); ++distributed) {
+                  Layout l = base;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.dp = dp;
+                  l.ep = ep;
+                  l.sequence_parallel = sp;
+                  l.schedule = vpp > 1 ? "interleaved" : "1f1b";
+                  l.micro_batch = micro;
+                  l.recompute = recompute;
+                  l.offload_params = offload != 0;
+                  l.offload_grads = l.offload_optimizer = false;
+                  l.distributed_optimizer = distributed != 0;
+                  Candidate c;
+                  c.layout = l;
+                  c.memory = peakMemory(m, l, device);
+                  c.time = estimateStepTime(m, l, device);
+                  c.tokens_per_s = static_cast<double>(l.global_batch * m.seq) / c.time.total();
+                  c.fits = c.memory.total() <= capacity;
+                  all.push_back(c);
+                }
+              }
             }
           }
         }
@@ -357,6 +374,100 @@ std::vector<Candidate> searchLayouts(const ModelShape& m, const Layout& base, co
   });
   if (all.size() > limit) all.resize(limit);
   return all;
+}
+
+namespace {
+
+// `global` rows in whole multiples of each group's size, near `weights`
+// (largest remainders first); empty when they cannot add up to `global`.
+std::vector<int64_t> splitByWeight(int64_t global, const std::vector<double>& weights,
+                                   const std::vector<int64_t>& units) {
+  double total = 0;
+  for (double w : weights) total += w;
+  std::vector<int64_t> rows(weights.size());
+  std::vector<std::pair<double, size_t>> remainders;
+  int64_t left = global;
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const double exact = static_cast<double>(global) * weights[g] / total / static_cast<double>(units[g]);
+    const int64_t whole = std::max<int64_t>(1, static_cast<int64_t>(exact));
+    rows[g] = whole * units[g];
+    left -= rows[g];
+    remainders.push_back({exact - static_cast<double>(whole), g});
+  }
+  std::sort(remainders.rbegin(), remainders.rend());
+  for (bool placed = true; left > 0 && placed;) {
+    placed = false;
+    for (const auto& [fraction, g] : remainders) {
+      if (units[g] <= left) {
+        rows[g] += units[g];
+        left -= units[g];
+        placed = true;
+        break;
+      }
+    }
+  }
+  // Too many rows handed out (every group's minimum) or some left over.
+  if (left != 0) return {};
+  return rows;
+}
+
+// Each group's best layout for its rows; the step takes as long as the slowest.
+double planEachGroup(const ModelShape& m, const Layout& base, const std::vector<DeviceGroup>& groups,
+                     const std::vector<int64_t>& rows, std::vector<GroupPlan>* out) {
+  out->clear();
+  double slowest = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Layout l = base;
+    l.global_batch = rows[g];
+    const auto best = searchLayouts(m, l, groups[g].device, groups[g].count, 1);
+    GroupPlan plan{groups[g], rows[g], {}, false};
+    if (!best.empty()) {
+      plan.best = best.front();
+      plan.found = best.front().fits;
+    }
+    slowest = plan.found ? std::max(slowest, plan.best.time.total()) : 1e300;
+    out->push_back(plan);
+  }
+  return slowest;
+}
+
+}  // namespace
+
+HeterogeneousPlan planHeterogeneous(const ModelShape& m, const Layout& base, const std::vector<DeviceGroup>& groups) {
+  PTRAIN_CHECK_AS(ConfigError, !groups.empty(), "a cluster needs at least one group of devices");
+  HeterogeneousPlan out;
+  std::vector<int64_t> units;
+  std::vector<double> counts;
+  for (const auto& g : groups) {
+    units.push_back(g.count);
+    counts.push_back(static_cast<double>(g.count));
+  }
+  // Even: every device the same rows.
+  const auto even = splitByWeight(base.global_batch, counts, units);
+  PTRAIN_CHECK_AS(ConfigError, !even.empty(), "global_batch_size=", base.global_batch,
+                  " cannot be split in whole multiples of the groups' device counts; use a multiple of the devices");
+  out.even_time = planEachGroup(m, base, groups, even, &out.even);
+  // Balanced: rows in proportion to each group's rows per second, refined
+  // until the slowest group no longer gets faster.
+  out.balanced = out.even;
+  out.balanced_time = out.even_time;
+  std::vector<GroupPlan> current = out.even;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<double> rates;
+    for (const auto& p : current) {
+      rates.push_back(p.found ? static_cast<double>(p.rows) / p.best.time.total() : 1e-9);
+    }
+    const auto rows = splitByWeight(base.global_batch, rates, units);
+    if (rows.empty()) break;
+    std::vector<GroupPlan> next;
+    const double t = planEachGroup(m, base, groups, rows, &next);
+    if (t < out.balanced_time) {
+      out.balanced = next;
+      out.balanced_time = t;
+    }
+    current = next;
+  }
+  return out;
 }
 
 }  // namespace ptrain::plan

@@ -92,6 +92,7 @@ void describeCoreKeys(Schema& s) {
   s.add(oneOf(key("parallel.pipeline_schedule", T::kString, "1f1b", "Order of micro-batch forward and backward passes across stages."),
               {"1f1b", "interleaved", "gpipe"}));
   s.add(atLeast(key("parallel.pipeline_layout", T::kIntList, "", "Blocks per pipeline stage (pp * vpp entries summing to num_layers); not set: runs of equal parameter count, the even split for identical blocks."), 0));
+  s.add(above(key("parallel.data_parallel_shares", T::kFloatList, "", "Each data-parallel rank's weight in the split of the global batch (rank i takes global_batch_size * share_i / sum rows, whole micro-batches), for ranks of unequal speed; not set: an even split."), 0));
   s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buckets reduced together by data parallelism."), 0));
   s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce gradient buckets while the backward pass goes on."));
 

@@ -85,6 +85,9 @@ struct RuntimeOptions {
   // offload.*: when any is on, the offload plugin (offload/tiered) keeps
   // them in its tier (engine/offload.h).
   OffloadSettings offload;
+  // parallel.data_parallel_shares: each data-parallel rank's weight in the
+  // split of a global batch (microBatches()); empty: an even split.
+  std::vector<double> data_parallel_shares;
   // Options the parallel plugins read (parallel.*); null: their defaults.
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).

@@ -51,6 +51,10 @@ struct LayoutRequest {
 
   int64_t global_batch_size = 1;              // train.global_batch_size
   std::optional<int64_t> micro_batch_size;    // train.micro_batch_size; unset: global / dp
+  // parallel.data_parallel_shares: each data-parallel rank's weight in the
+  // split of the global batch (rank i takes global * share_i / sum rows);
+  // empty: an even split.
+  std::vector<double> data_parallel_shares;
 
   // Where messages point. `written` holds the dotted keys the user wrote (in
   // a file or on the command line) rather than left at their defaults; a
@@ -71,8 +75,17 @@ struct LayoutPlan {
   int64_t global_batch_size = 0;
   int64_t micro_batch_size = 0;          // micro_batch_size, or global / dp when it is not set
   bool micro_batch_size_derived = false; // true when not set in the request
-  int64_t micro_batches = 0;             // per step and data-parallel rank: global / (micro * dp)
+  int64_t micro_batches = 0;             // per step and data-parallel rank: global / (micro * dp);
+                                         // with uneven shares the fewest any rank takes
+  std::vector<int64_t> data_rows;        // rows of the global batch each data-parallel rank takes
 };
+
+// The rows of a `global` batch each of `dp` data-parallel ranks takes:
+// global * share_i / sum(shares), or global / dp each when `shares` is
+// empty. Nullopt when the shares do not give whole rows (or their count is
+// not dp, or one is not above 0).
+PTRAIN_API std::optional<std::vector<int64_t>> dataParallelRows(int64_t global, int64_t dp,
+                                                               const std::vector<double>& shares);
 
 // Every reason the layout cannot run, one line each; empty when it can.
 // Checks: the world splits into tp*pp*cp and into the expert grid
@@ -81,7 +94,11 @@ struct LayoutPlan {
 // num_attention_heads and ffn_hidden_size split across tp; hidden_size
 // across the heads; num_experts across ep (and moe_router_topk fits
 // num_experts); global_batch_size splits into micro_batch_size * dp;
-// seq_length splits across cp, and across tp*cp with sequence_parallel.
+// seq_length splits across cp, and across tp*cp with sequence_parallel;
+// data_parallel_shares has one share above 0 per data-parallel rank, gives
+// whole rows that split into micro_batch_size (which it needs set), and is
+// not used with expert parallelism (whose all-to-alls need every rank to run
+// the same micro-batches).
 PTRAIN_API std::vector<std::string> checkLayout(const LayoutRequest& request);
 
 // Settings that are allowed but do nothing or waste work, one line each

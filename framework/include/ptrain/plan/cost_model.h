@@ -164,12 +164,42 @@ struct Candidate {
 // Every layout of `world` devices for the model (tp dividing the heads and
 // the vocabulary and at most a node; pp dividing the layers; dp the rest;
 // micro-batches dividing each data-parallel share of `base.global_batch`;
-// sequence parallelism whenever tp > 1; recompute none, selective, full;
+// the interleaved schedule with two chunks per stage where the layers and
+// micro-batches allow; for a MoE model every ep dividing the experts that
+// tiles a stage's ranks (etp kept from `base`); sequence parallelism
+// whenever tp > 1; recompute none, selective, full;
 // parameter offload off and on; the distributed optimizer when dp > 1 and
-// nothing is offloaded), with ep, etp, precision and optimizer kept from
+// nothing is offloaded), with etp, precision and optimizer kept from
 // `base`. Those that fit come first, by predicted tokens per second, then the
 // rest by memory; at most `limit`.
 PTRAIN_API std::vector<Candidate> searchLayouts(const ModelShape& shape, const Layout& base, const DeviceSpec& device,
                                                 int64_t world, size_t limit = 10);
+
+// A cluster of several device kinds, e.g. 4 x A100-80G beside 4 x V100-32G.
+struct DeviceGroup {
+  DeviceSpec device;
+  int64_t count = 0;
+};
+
+// Each group's own best layout for its rows of the global batch.
+struct GroupPlan {
+  DeviceGroup group;
+  int64_t rows = 0;  // of the global batch
+  Candidate best;
+  bool found = false;  // some layout of the group's devices holds its rows
+};
+
+// The global batch split two ways over the groups, each group planned with
+// searchLayouts for its rows: evenly per device, and in proportion to each
+// group's predicted rows per second (refined a few rounds, keeping the
+// split whose slowest group is fastest). A step takes as long as its
+// slowest group; the gain of the balanced split is even_time /
+// balanced_time. Rows come in whole multiples of each group's device count.
+struct HeterogeneousPlan {
+  std::vector<GroupPlan> even, balanced;
+  double even_time = 0, balanced_time = 0;  // seconds per step
+};
+PTRAIN_API HeterogeneousPlan planHeterogeneous(const ModelShape& shape, const Layout& base,
+                                               const std::vector<DeviceGroup>& groups);
 
 }  // namespace ptrain::plan
