@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "support/test_support.h"
 
@@ -84,6 +86,46 @@ TEST(Plan, CheckRefusesALayoutPredictedNotToFitItsDevice) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   r = runPtrain({"check", configs() + "quickstart.yaml", "--device", "A100-80G"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Plan, AutoLayoutIsChosenOnceAtLaunchAndRefusedInAWorkerOfAnotherLauncher) {
+  const std::string recipe = configs() + "llm/gpt_auto.yaml";
+  auto check = runPtrain({"check", recipe, "--nproc", "2"});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("parallel: auto chose tp "), std::string::npos) << check.output;
+  EXPECT_NE(check.output.find("on 2 x host"), std::string::npos) << check.output;
+  EXPECT_NE(check.output.find(": OK"), std::string::npos) << check.output;
+
+  TempDir tmp;
+  auto run = runPtrain({"run", recipe, "--nproc", "2", "--run-dir", tmp.path() + "/run", "train.steps=4",
+                        "train.eval_every=0", "log.progress=lines"},
+                       {}, 300);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("parallel: auto chose"), std::string::npos) << run.output;
+  EXPECT_EQ(ptrain::test::readTrainingSteps(tmp.path() + "/run").size(), 4u) << run.output;
+
+  // A worker that no ptrain launcher resolved the layout for.
+  auto worker = runPtrain({"run", recipe, "--run-dir", tmp.path() + "/worker"},
+                          {"PTRAIN_WORKER=1", "RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+                           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999"},
+                          60);
+  EXPECT_EQ(worker.exit_code, 2) << worker.output;
+  EXPECT_NE(worker.output.find("parallel: auto is chosen by `ptrain run` before it starts the workers"),
+            std::string::npos)
+      << worker.output;
+}
+
+TEST(Plan, DeviceTuningPageIsWhatPlanTablePrints) {
+  auto r = runPtrain({"plan", "--table"}, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(ptrain::test::sourceDir() + "/docs/device_tuning.md");
+  std::stringstream page;
+  page << in.rdbuf();
+  EXPECT_EQ(page.str(), r.output) << "docs/device_tuning.md is out of date: regenerate it with "
+                                     "`build/bin/ptrain plan --table > docs/device_tuning.md`";
+  for (const char* text : {"## A100-80G", "## V100-16G", "| 175B | 512 |", "seed rule", "Megatron-LM"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text;
+  }
 }
 
 TEST(Plan, ClusterFilesAndPresetsItCannotUseAreRefusedInOneLine) {

@@ -178,7 +178,9 @@ TEST(CostModel, SearchRanksValidLayoutsThatFitByThroughput) {
     // Those that fit first, by predicted throughput.
     if (!found[i].fits) seenMiss = true;
     EXPECT_FALSE(seenMiss && found[i].fits) << i;
-    if (i > 0 && found[i].fits) EXPECT_LE(found[i].tokens_per_s, found[i - 1].tokens_per_s) << i;
+    if (i > 0 && found[i].fits) {
+      EXPECT_LE(found[i].tokens_per_s, found[i - 1].tokens_per_s) << i;
+    }
   }
   // A model that fits anywhere: nothing recomputed or offloaded in the best.
   const auto easy = plan::searchLayouts(smallShape(), plan::Layout{}, a100, 1, 5);

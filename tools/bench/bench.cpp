@@ -15,7 +15,8 @@
 // (log.count_ops), step time and peak RSS, and what each fusion alone saves.
 // Then two ranks with one slowed on purpose, the batch split evenly and 2:1
 // (parallel.data_parallel_shares).
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares]` runs only the sections named.
+// Then the planner's predictions beside measurement for twelve layouts.
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration]` runs only the sections named.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -83,16 +85,33 @@ struct PtrainRun {
   double a2a_bytes = 0, a2a_bytes_uniform = 0, a2a_s = 0, tokens_cv = 0;
 };
 
+// The bench recipe at size `s` on `nproc` processes.
+std::string sizeOverrides(const GptSize& s, int nproc) {
+  std::ostringstream o;
+  o << "launch.nproc=" << nproc << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
+    << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
+    << " train.global_batch_size=" << s.batch;
+  return o.str();
+}
+
+// What `ptrain plan --json` predicts for the same run on this machine.
+nlohmann::json planPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int nproc,
+                          const std::string& overrides) {
+  std::ostringstream cmd;
+  cmd << binary / "bin/ptrain" << " plan " << source / "tools/bench/gpt.yaml" << " --json --device host --nproc "
+      << nproc << " " << sizeOverrides(s, nproc) << " " << overrides;
+  return nlohmann::json::parse(capture(cmd.str()));
+}
+
 PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSize& s, int warmup, int nproc,
                     const std::string& overrides = "", const std::string& env = "") {
   const std::string runDir =
       (fs::temp_directory_path() / ("ptrain-bench-" + s.name + "-" + std::to_string(getpid()))).string();
   fs::remove_all(runDir);
   std::ostringstream cmd;
-  cmd << env << (env.empty() ? "" : " ") << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml" << " --nproc " << nproc << " --run-dir "
-      << runDir << " launch.nproc=" << nproc << " model.num_layers=" << s.layers << " model.hidden_size=" << s.hidden
-      << " model.num_attention_heads=" << s.heads << " model.seq_length=" << s.seq
-      << " train.global_batch_size=" << s.batch << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
+  cmd << env << (env.empty() ? "" : " ") << binary / "bin/ptrain" << " run " << source / "tools/bench/gpt.yaml"
+      << " --nproc " << nproc << " --run-dir " << runDir << " " << sizeOverrides(s, nproc)
+      << " train.steps=" << s.steps + warmup << " " << overrides << " 2>&1";
   capture(cmd.str());
   PtrainRun run;
   std::vector<double> stepTimes, bubbles, ops, a2aBytes, a2aUniform, a2aSeconds, cv;
@@ -232,9 +251,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
     if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
-        name != "memory" && name != "shares") {
+        name != "memory" && name != "shares" &&
+        name != "calibration") {
       std::fprintf(stderr,
-                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory or shares (default: "
+                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares or calibration (default: "
                    "all)\n",
                    name.c_str());
       return 2;
@@ -425,6 +445,45 @@ int main(int argc, char** argv) {
                 sharded.step_s / dp2.step_s, 100.0 * (1.0 - sharded.rss_mb / dp2.rss_mb));
     std::printf("(RSS: rank 0's peak resident set; the last column: how much lower than without the lever, the dp=2\n"
                 " rows against each other)\n");
+  }
+  // The planner's cost model against measurement: peak memory of rank 0
+  // and median step time, for layouts across dp, tp, sp, pp, recomputation,
+  // offload and the distributed optimizer on both sizes.
+  if (runs("calibration")) {
+    std::printf("\ncost model (ptrain plan --device host) against measurement, rank 0 (memory: peak RSS):\n");
+    std::printf("%-6s %-30s %9s %9s %7s %9s %9s %7s\n", "model", "layout", "pred MB", "meas MB", "diff", "pred s",
+                "meas s", "diff");
+    struct Layout {
+      size_t size;
+      int nproc;
+      const char* name;
+      const char* overrides;
+    };
+    int withinMemory = 0, withinTime = 0, rows = 0;
+    for (const Layout& l : {Layout{0, 1, "dp1", ""}, Layout{0, 2, "dp2", ""},
+                            Layout{0, 2, "tp2", "parallel.tensor_model_parallel_size=2"},
+                            Layout{1, 1, "dp1", ""}, Layout{1, 2, "dp2", ""},
+                            Layout{1, 2, "tp2", "parallel.tensor_model_parallel_size=2"},
+                            Layout{1, 2, "tp2 sp", "parallel.tensor_model_parallel_size=2 parallel.sequence_parallel=true"},
+                            Layout{1, 2, "pp2 micro 2", "parallel.pipeline_model_parallel_size=2 train.micro_batch_size=2"},
+                            Layout{1, 1, "recompute full", "model.recompute=full"},
+                            Layout{1, 1, "recompute selective", "model.recompute=selective"},
+                            Layout{1, 1, "offload params+optimizer", "offload.params=true offload.optimizer=true"},
+                            Layout{1, 2, "dp2 distributed optimizer", "optimizer.distributed=true"}}) {
+      const GptSize& s = sizes[l.size];
+      const nlohmann::json predicted = planPtrain(binary, source, s, l.nproc, l.overrides);
+      const PtrainRun measured = runPtrain(binary, source, s, warmup, l.nproc, l.overrides);
+      const double predMb = predicted["memory_bytes"].get<double>() / (1 << 20);
+      const double predS = predicted["step_s"].get<double>();
+      const double memDiff = predMb / measured.rss_mb - 1, timeDiff = predS / measured.step_s - 1;
+      ++rows;
+      withinMemory += std::abs(memDiff) <= 0.10;
+      withinTime += std::abs(timeDiff) <= 0.25;
+      std::printf("%-6s %-30s %9.0f %9.0f %+6.1f%% %9.3f %9.3f %+6.1f%%\n", s.name.c_str(), l.name, predMb,
+                  measured.rss_mb, 100 * memDiff, predS, measured.step_s, 100 * timeDiff);
+    }
+    std::printf("(%d of %d layouts within 10%% on memory, %d of %d within 25%% on step time)\n", withinMemory, rows,
+                withinTime, rows);
   }
   // Uneven data-parallel shares: two ranks, the second slowed to half its
   // speed; the even split waits for it every step, the 2:1 split

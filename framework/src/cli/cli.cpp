@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   PlanArgs planArgs;
   auto* planCmd = app.add_subcommand(
       "plan", "predict one rank's memory and step time for a recipe's layout on a cluster, and what to change");
-  planCmd->add_option("recipe", planArgs.recipe, "recipe file (YAML)")->required();
+  planCmd->add_option("recipe", planArgs.recipe, "recipe file (YAML); not with --table");
   planCmd->add_option("overrides", planArgs.overrides, "overrides such as train.micro_batch_size=2");
   planCmd->add_option("--nproc", planArgs.nproc, "world size (default: the cluster's count, else launch.nproc)")
       ->check(CLI::PositiveNumber);
@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
   planCmd->add_flag("--search", planArgs.search,
                     "rank every layout of the world size (tp, pp, dp, micro-batch, recompute, offload) by predicted "
                     "throughput within memory");
+  planCmd->add_flag("--json", planArgs.json, "print the prediction as one JSON object");
+  bool planTable = false;
+  planCmd->add_flag("--table", planTable,
+                    "print docs/device_tuning.md: chosen layouts for GPT 1.3B-175B on 8/64/512 devices of each preset "
+                    "beside the seed's rule and Megatron-LM's published layouts");
 
   std::vector<std::string> pluginPaths;
   auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");
@@ -108,7 +113,11 @@ int main(int argc, char** argv) {
   try {
     if (runCmd->parsed()) return cmdRun(run);
     if (checkCmd->parsed()) return cmdCheck(check);
-    if (planCmd->parsed()) return cmdPlan(planArgs);
+    if (planCmd->parsed() && planTable) return cmdPlanTable();
+    if (planCmd->parsed()) {
+      if (planArgs.recipe.empty()) throw ConfigError("ptrain plan: give a recipe file (or --table)");
+      return cmdPlan(planArgs);
+    }
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);

@@ -97,7 +97,12 @@ void printPipeline(const Recipe& recipe, const LayoutPlan& plan) {
 }  // namespace
 
 int cmdCheck(const CheckArgs& args) {
-  Recipe recipe = Recipe::load(args.recipe, args.overrides);
+  // `parallel: auto`: what `ptrain run` would choose, then checked as if written.
+  std::vector<std::string> overrides = args.overrides;
+  std::string chosen;
+  for (auto& o : autoLayoutOverrides(args.recipe, args.overrides, args.nproc, 1, &chosen)) overrides.push_back(std::move(o));
+  if (!chosen.empty()) std::printf("%s\n", chosen.c_str());
+  Recipe recipe = Recipe::load(args.recipe, overrides);
   Schema schema;
   describeCoreKeys(schema);
   std::string whyNot;
@@ -143,7 +148,7 @@ int cmdCheck(const CheckArgs& args) {
   }
   if (!args.device.empty() || !args.cluster.empty()) {
     int64_t count = 0;
-    const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &count);
+    const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &count, world);
     const auto shape = trainerPlugin ? static_cast<Trainer&>(*trainerPlugin).modelShape() : std::nullopt;
     if (!shape) {
       return report({recipe.location("trainer.name").str() + ": trainer.name: --device and --cluster need the "

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/device.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/layout/validation.h"
@@ -36,9 +37,17 @@ constexpr double kGiB = 1024.0 * kMiB;
 // the loopback all-reduce bandwidth of Gloo measured by `ptrain bench-comm`
 // (docs/communication.md: 1.2 GB/s bus bandwidth at 4 MiB). ptrain's host
 // kernels compute bf16 and fp16 products in float32, so their rate is the
-// same; a step reaches about 65% of the product rate (the large bench GPT:
+// same; a step without dropout reaches about 85% of the product rate (the large bench GPT:
 // docs/performance.md).
-plan::DeviceSpec hostDevice() {
+plan::DeviceSpec hostDevice(int ranks) {
+  // The workers share the machine: each of `ranks` gets its share of what
+  // every core together computes. (One thread measured alone would overstate
+  // a share where the cores are hyperthreads of fewer physical ones, or
+  // share their memory bandwidth, as two ranks on this machine's two cores
+  // do: a dp=2 step takes longer than a dp=1 step with two threads.)
+  const int cores = static_cast<int>(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const int previousThreads = at::get_num_threads();
+  at::set_num_threads(cores);
   torch::NoGradGuard noGrad;
   at::Tensor a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
   at::Tensor c = torch::mm(a, b);
@@ -50,17 +59,24 @@ plan::DeviceSpec hostDevice() {
     ++reps;
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  at::set_num_threads(previousThreads);
   plan::DeviceSpec d;
   d.name = "host";
-  d.peak_tflops_fp32 = 2.0 * 1024 * 1024 * 1024 * reps / seconds / 1e12;
+  d.peak_tflops_fp32 = 2.0 * 1024 * 1024 * 1024 * reps / seconds / 1e12 / std::max(1, ranks);
   d.peak_tflops_half = d.peak_tflops_fp32;
-  d.efficiency = 0.65;
+  d.efficiency = 0.85;
   d.memory_gib = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / kGiB;
   d.intra_node_gbps = 1.2;
   d.inter_node_gbps = 1.2;
-  d.offload_gbps = 2.0;  // page cache copies, disk tier
-  d.per_node = static_cast<int>(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  d.offload_gbps = 8.0;  // the disk tier's pages in the page cache: memory copies
+  d.per_node = cores;
   d.reserved_gib = 170 * kMiB / kGiB;  // a worker before its model: libraries, allocator, communicator
+  // A step of the quickstart (607 operators on tensors of a few KB) takes
+  // about 50 ms on one thread here: dispatch, autograd and allocation, not
+  // arithmetic. A Gloo collective of a few KB over loopback takes 40-230 us
+  // (docs/communication.md).
+  d.op_latency_us = 60;
+  d.comm_latency_us = 100;
   return d;
 }
 
@@ -124,6 +140,8 @@ std::vector<plan::DeviceGroup> groupsFromCluster(const std::string& path) {
       d.offload_gbps = number("offload_gbps", 12);
       d.per_node = static_cast<int>(number("per_node", 8));
       d.reserved_gib = number("reserved_gib", 1);
+      d.op_latency_us = number("op_latency_us", 10);
+      d.comm_latency_us = number("comm_latency_us", 20);
       if (d.memory_gib <= 0 || d.peak_tflops_fp32 <= 0) {
         throw ConfigError(where(device) + "device: memory_gib and peak_tflops_fp32 must be above 0");
       }
@@ -272,7 +290,8 @@ int printHeterogeneous(const std::string& recipePath, const plan::ModelShape& m,
 
 }  // namespace
 
-plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount) {
+plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount,
+                                   int hostRanks) {
   *clusterCount = 0;
   if (!cluster.empty()) {
     const auto groups = groupsFromCluster(cluster);
@@ -290,7 +309,7 @@ plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string
     }
     return *preset;
   }
-  return hostDevice();
+  return hostDevice(hostRanks);
 }
 
 plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized) {
@@ -319,6 +338,99 @@ plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized) {
 }
 
 std::string memoryText(double bytes) { return mib(bytes); }
+
+namespace {
+
+// The preset of a GPU from its name and memory ("NVIDIA A100-SXM4-80GB").
+const plan::DeviceSpec* presetOfGpu(const std::string& name, double memoryGib) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("H200")) return plan::findDevicePreset("H200-141G");
+  if (has("H100")) return plan::findDevicePreset("H100-80G");
+  if (has("A100")) return plan::findDevicePreset(memoryGib > 48 ? "A100-80G" : "A100-40G");
+  if (has("V100")) return plan::findDevicePreset(memoryGib > 20 ? "V100-32G" : "V100-16G");
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> autoLayoutOverrides(const std::string& path, const std::vector<std::string>& overrides,
+                                             int world, int nnodes, std::string* summary) {
+  Recipe recipe = Recipe::load(path, overrides);
+  if (!writesAutoLayout(recipe)) return {};
+  const SourceLocation where = recipe.location("parallel");
+  recipe.set("parallel", "null");
+  Schema schema;
+  describeCoreKeys(schema);
+  std::string whyNot;
+  std::unique_ptr<Plugin> trainerPlugin;
+  if (!extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin)) {
+    throw ConfigError(where.str() + ": parallel: auto asks the trainer for its model's shape, and there is none to "
+                      "ask (" + whyNot + ")");
+  }
+  recipe.validate(schema);
+  if (world <= 0) world = static_cast<int>(recipe.getInt("launch.nproc"));
+  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
+  trainer.setup(recipe);
+  const auto shape = trainer.modelShape();
+  if (!shape) {
+    throw ConfigError(where.str() + ": parallel: auto: trainer '" + recipe.getString("trainer.name") +
+                      "' does not describe its model's shape to the planner; write the layout under parallel");
+  }
+
+  plan::DeviceSpec device;
+  const std::string requested = recipe.getString("device");
+  if (requested == "cuda" || (requested == "auto" && cudaDeviceCount() > 0)) {
+    const std::string gpu = cudaDeviceName(0);
+    const plan::DeviceSpec* preset = presetOfGpu(gpu, cudaDeviceMemoryGib(0));
+    if (preset == nullptr) {
+      throw ConfigError(where.str() + ": parallel: auto has no preset for the GPU '" + gpu +
+                        "'; write the layout under parallel (`ptrain plan --search --cluster FILE` with the GPU "
+                        "described in FILE ranks them)");
+    }
+    device = *preset;
+  } else {
+    if (nnodes > 1) {
+      throw ConfigError(where.str() + ": parallel: auto on " + std::to_string(nnodes) + " nodes of cpus: each node "
+                        "would measure its own machine and might choose another layout; write the layout under "
+                        "parallel (`ptrain plan --search` on one node ranks them)");
+    }
+    device = hostDevice(world);
+  }
+
+  LayoutPlan sized;
+  sized.global_batch_size = recipe.getInt("train.global_batch_size");
+  sized.micro_batch_size = 1;
+  const plan::Layout base = planLayoutOf(recipe, sized);
+  const auto best = plan::searchLayouts(*shape, base, device, world, 1);
+  if (best.empty() || !best.front().fits) {
+    throw ConfigError(where.str() + ": parallel: auto: no layout of " + std::to_string(world) + " x " + device.name +
+                      " holds the model" +
+                      (best.empty() ? std::string(" (global_batch_size splits over none of them)")
+                                    : " (the leanest needs " + mib(best.front().memory.total()) + " per rank)") +
+                      ": use more processes (--nproc), or see `ptrain plan --search`");
+  }
+  const plan::Layout& l = best.front().layout;
+  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  std::vector<std::string> out = {
+      "parallel=null",
+      "parallel.tensor_model_parallel_size=" + std::to_string(l.tp),
+      "parallel.pipeline_model_parallel_size=" + std::to_string(l.pp),
+      "parallel.virtual_pipeline_model_parallel_size=" + std::to_string(l.vpp),
+      "parallel.pipeline_schedule=" + l.schedule,
+      "parallel.sequence_parallel=" + flag(l.sequence_parallel),
+      "train.micro_batch_size=" + std::to_string(l.micro_batch),
+      "model.recompute=" + l.recompute,
+      "offload.params=" + flag(l.offload_params),
+      "optimizer.distributed=" + flag(l.distributed_optimizer),
+  };
+  if (shape->num_experts > 0) out.push_back("parallel.expert_model_parallel_size=" + std::to_string(l.ep));
+  char line[256];
+  std::snprintf(line, sizeof line, "parallel: auto chose %s on %d x %s: %s per rank, %.0f tokens/s predicted",
+                layoutText(l).c_str(), world, device.name.c_str(), mib(best.front().memory.total()).c_str(),
+                best.front().tokens_per_s);
+  *summary = line;
+  return out;
+}
 
 int cmdPlan(const PlanArgs& args) {
   Recipe recipe = Recipe::load(args.recipe, args.overrides);
@@ -349,7 +461,9 @@ int cmdPlan(const PlanArgs& args) {
     }
   }
   int64_t clusterCount = 0;
-  const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &clusterCount);
+  const plan::DeviceSpec device =
+      resolvePlanDevice(args.cluster, args.device, &clusterCount,
+                        args.nproc > 0 ? args.nproc : static_cast<int>(recipe.getInt("launch.nproc")));
   const int world = args.nproc > 0 ? args.nproc
                     : clusterCount > 0 ? static_cast<int>(clusterCount)
                                        : static_cast<int>(recipe.getInt("launch.nproc"));
@@ -370,6 +484,18 @@ int cmdPlan(const PlanArgs& args) {
   const plan::Layout layout = planLayoutOf(recipe, planLayout(request));
 
   const plan::ModelShape& m = *shape;
+  if (args.json) {
+    const plan::MemoryEstimate peak = plan::peakMemory(m, layout, device);
+    const plan::TimeEstimate t = plan::estimateStepTime(m, layout, device);
+    std::printf("{\"device\": \"%s\", \"memory_bytes\": %.0f, \"memory_capacity_bytes\": %.0f, \"params_bytes\": %.0f, "
+                "\"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"activations_bytes\": %.0f, \"buffers_bytes\": %.0f, "
+                "\"reserved_bytes\": %.0f, \"step_s\": %.6g, \"compute_s\": %.6g, \"bubble_s\": %.6g, \"tp_comm_s\": %.6g, "
+                "\"pp_comm_s\": %.6g, \"ep_comm_s\": %.6g, \"dp_comm_s\": %.6g, \"offload_s\": %.6g, \"latency_s\": %.6g}\n",
+                device.name.c_str(), peak.total(), device.memory_gib * kGiB, peak.params, peak.grads, peak.optimizer,
+                peak.activations, peak.buffers, peak.reserved, t.total(), t.compute, t.bubble, t.tp_comm, t.pp_comm,
+                t.ep_comm, t.dp_comm, t.offload, t.latency);
+    return 0;
+  }
   std::printf("%s: %s, %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld%s: %.2f M "
               "parameters\n",
               args.recipe.c_str(), m.name.c_str(), static_cast<long long>(m.num_layers),
@@ -421,7 +547,7 @@ int cmdPlan(const PlanArgs& args) {
   const std::pair<const char*, double> parts[] = {
       {"compute", t.compute},   {"pipeline bubble", t.bubble}, {"tensor-parallel comm", t.tp_comm},
       {"pipeline sends", t.pp_comm}, {"expert all-to-all", t.ep_comm}, {"data-parallel comm", t.dp_comm},
-      {"offload copies", t.offload}};
+      {"offload copies", t.offload}, {"fixed costs", t.latency}};
   for (const auto& [name, value] : parts)
     if (value > 0 || std::string(name) == "compute") std::printf("  %-22s %s\n", name, seconds(value).c_str());
   const double tokens = static_cast<double>(layout.global_batch) * static_cast<double>(m.seq);

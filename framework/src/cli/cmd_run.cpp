@@ -83,8 +83,16 @@ int cmdRun(const RunArgs& args) {
   // Everything a worker would refuse is refused here first, before any
   // folder is made or process started.
   // --nproc wins over the recipe's launch.nproc.
-  PreparedRecipe prepared =
-      prepareRecipe(args.recipe, args.overrides, args.launch.nproc > 0 ? args.launch.nproc * nnodes : 0);
+  // `parallel: auto` is chosen here, once, and handed to every worker as
+  // overrides (the workers never search).
+  std::vector<std::string> overrides = args.overrides;
+  std::string chosen;
+  const int requestedWorld = args.launch.nproc > 0 ? args.launch.nproc * nnodes : 0;
+  for (auto& o : autoLayoutOverrides(args.recipe, args.overrides, requestedWorld, nnodes, &chosen)) {
+    overrides.push_back(std::move(o));
+  }
+  if (!chosen.empty()) logger()->info("{}", chosen);
+  PreparedRecipe prepared = prepareRecipe(args.recipe, overrides, requestedWorld);
   const int nproc = args.launch.nproc > 0 ? args.launch.nproc : prepared.world_size / nnodes;
 
   std::string runDir = args.run_dir;
@@ -128,7 +136,7 @@ int cmdRun(const RunArgs& args) {
   for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
   launch.extra_env = nccl::environmentEntries(ncclSettings);
   launch.command = {selfExe(), "run", args.recipe};
-  for (const auto& o : args.overrides) launch.command.push_back(o);
+  for (const auto& o : overrides) launch.command.push_back(o);
   launch.command.push_back("--run-dir");
   launch.command.push_back(runDir);
   if (args.resume) launch.command.push_back("--resume");

@@ -62,18 +62,35 @@ struct PlanArgs {
   std::string cluster;  // a cluster file (YAML); empty: --device
   std::string device;   // a preset name, or host (the default: this machine, measured)
   bool search = false;  // rank every layout of the world instead
+  bool json = false;    // the prediction as one JSON object (memory, time, their parts)
 };
 
 // The device `ptrain plan` and `ptrain check` size a layout for: a cluster
-// file's, a preset by name, or this machine (measured) when both are empty.
-plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount);
+// file's, a preset by name, or this machine (measured, for `hostRanks`
+// workers sharing its cores) when both are empty.
+plan::DeviceSpec resolvePlanDevice(const std::string& cluster, const std::string& device, int64_t* clusterCount,
+                                   int hostRanks);
 // The planner's view of a recipe's layout and levers.
 plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized);
 // "1.25 GiB", "512.0 MiB".
 std::string memoryText(double bytes);
 
+// `parallel: auto`: when the recipe (with its overrides) says so, the layout
+// `ptrain plan --search` ranks first for `world` processes (0: the recipe's
+// launch.nproc) on the device the workers compute on (this machine, measured;
+// on cuda the preset of the GPU's name), as overrides that replace it
+// (`parallel=null` first, then each chosen key); empty when the recipe writes
+// its layout. `summary` gets one line to log. Throws ConfigError when no
+// layout fits or the GPU has no preset.
+// With `nnodes` > 1 on the host the choice is refused: each node would
+// measure its own machine and might choose differently.
+std::vector<std::string> autoLayoutOverrides(const std::string& recipe, const std::vector<std::string>& overrides,
+                                             int world, int nnodes, std::string* summary);
+
 int cmdRun(const RunArgs& args);
 int cmdPlan(const PlanArgs& args);
+// `ptrain plan --table`: docs/device_tuning.md on stdout.
+int cmdPlanTable();
 int cmdCheck(const CheckArgs& args);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);

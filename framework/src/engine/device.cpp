@@ -8,11 +8,32 @@
 #if PTRAIN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace ptrain {
 
 int cudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+std::string cudaDeviceName(int index) {
+#if PTRAIN_WITH_CUDA
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, index) == cudaSuccess) return props.name;
+#endif
+  (void)index;
+  return "";
+}
+
+double cudaDeviceMemoryGib(int index) {
+#if PTRAIN_WITH_CUDA
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, index) == cudaSuccess) {
+    return static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  }
+#endif
+  (void)index;
+  return 0;
+}
 
 at::Device selectDevice(const std::string& requested, int localRank) {
   PTRAIN_CHECK_AS(ConfigError, requested == "auto" || requested == "cpu" || requested == "cuda", "device: '",

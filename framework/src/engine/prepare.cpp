@@ -22,6 +22,14 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
                              int rank) {
   PreparedRecipe out;
   out.recipe = Recipe::load(path, overrides);
+  // `parallel: auto` is resolved by `ptrain run` (and `ptrain check`) before
+  // any worker starts; a worker started by another launcher has no one to
+  // agree with on what the search picks.
+  if (writesAutoLayout(out.recipe)) {
+    out.recipe.fail("parallel", "auto is chosen by `ptrain run` before it starts the workers; a worker started by "
+                                "another launcher (torchrun, srun) needs the layout written out: `ptrain check "
+                                "RECIPE --nproc N` prints what auto picks");
+  }
 
   // The core keys first: they say where plugins are and which trainer to load.
   Schema schema;

@@ -80,4 +80,12 @@ LayoutPlan planLayout(const Recipe& recipe, int worldSize) {
   return planLayout(layoutRequestFromRecipe(recipe, worldSize));
 }
 
+bool writesAutoLayout(const Recipe& recipe) {
+  try {
+    return recipe.getString("parallel") == "auto";
+  } catch (const ConfigError&) {
+    return false;  // a section of keys, or nothing: the recipe's own layout
+  }
+}
+
 }  // namespace ptrain

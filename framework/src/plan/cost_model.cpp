@@ -81,17 +81,18 @@ int64_t Layout::microBatches() const {
 const std::vector<DeviceSpec>& devicePresets() {
   // Published dense peaks (fp32 without TF32; bf16/fp16 on tensor cores; V100
   // has no bf16, its fp16 rate is given), NVLink bus bandwidth per direction,
+  // eager kernel launches of 6-10 us and NCCL's small-message latency,
   // one NIC per GPU (HDR 200 Gb/s for A100, EDR 100 Gb/s for V100, NDR
   // 400 Gb/s for H100/H200), PCIe to the host for offload. The efficiency is
   // the fraction of peak a well-tuned transformer step reaches (Megatron-LM
   // reports 40-55% on A100).
   static const std::vector<DeviceSpec> presets = {
-      {"A100-40G", 40, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0},
-      {"A100-80G", 80, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0},
-      {"V100-16G", 16, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8},
-      {"V100-32G", 32, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8},
-      {"H100-80G", 80, 67, 989, 0.45, 450, 50, 50, 8, 1.2},
-      {"H200-141G", 140, 67, 989, 0.45, 450, 50, 50, 8, 1.2},
+      {"A100-40G", 40, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0, 8, 20},
+      {"A100-80G", 80, 19.5, 312, 0.5, 300, 25, 25, 8, 1.0, 8, 20},
+      {"V100-16G", 16, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8, 10, 25},
+      {"V100-32G", 32, 15.7, 125, 0.45, 150, 12.5, 12, 8, 0.8, 10, 25},
+      {"H100-80G", 80, 67, 989, 0.45, 450, 50, 50, 8, 1.2, 6, 15},
+      {"H200-141G", 140, 67, 989, 0.45, 450, 50, 50, 8, 1.2, 6, 15},
   };
   return presets;
 }
@@ -258,6 +259,24 @@ TimeEstimate estimateStepTime(const ModelShape& m, const Layout& l, const Device
     const double hidden = l.overlap_grad_reduce && !l.distributed_optimizer ? 2.0 / 3.0 * e.compute / microBatches : 0;
     e.dp_comm = std::max(wire - hidden, wire * 0.1);
   }
+  {
+    // Counts on the rank of the first stage (the last adds the head's).
+    const double blocks = layersPerStage;
+    const double ops = microBatches * (150 * blocks + 100) + 50 * blocks;
+    double collectives = 2;
+    if (l.tp > 1) collectives += 4 * blocks * microBatches;
+    if (l.pp > 1) collectives += 2 * microBatches * (l.schedule == "interleaved" ? static_cast<double>(l.vpp) : 1.0);
+    if (m.num_experts > 0 && l.ep > 1) {
+      double moeBlocks = 0;
+      for (int64_t b = 0; b < m.num_layers; ++b) moeBlocks += m.isMoeBlock(b) ? 1 : 0;
+      collectives += 4 * moeBlocks / static_cast<double>(l.pp) * microBatches;
+    }
+    if (l.dp > 1) {
+      const double gradBytes = static_cast<double>(parametersOnRank(m, l, 0)) * 4;
+      collectives += std::ceil(gradBytes / (4.0 * (1 << 20))) * (l.distributed_optimizer ? 2 : 1);
+    }
+    e.latency = ops * device.op_latency_us * 1e-6 + collectives * device.comm_latency_us * 1e-6;
+  }
   if (l.offload_params || l.offload_optimizer || l.offload_grads) {
     const double n = static_cast<double>(parametersOnRank(m, l, 0));
     double bytes = 0;
@@ -330,7 +349,9 @@ std::vector<Candidate> searchLayouts(const ModelShape& m, const Layout& base, co
       const int64_t share = base.global_batch / dp;
       for (int64_t ep : expertSizes(pp)) {
         for (int64_t micro = 1; micro <= share; ++micro) {
-          if (share % micro != 0) continue;
+          // A pipeline needs at least as many micro-batches as stages to fill
+          // (`ptrain check` warns otherwise).
+          if (share % micro != 0 || (pp > 1 && share / micro < pp)) continue;
           // The interleaved schedule (two model chunks per stage) where the
           // layers split into them and the micro-batches into groups of pp.
           const bool interleavable = pp > 1 && m.num_layers % (2 * pp) == 0 && (share / micro) % pp == 0;

@@ -12,6 +12,11 @@ namespace ptrain {
 // CUDA devices this process sees; 0 where libtorch was built without CUDA.
 PTRAIN_API int cudaDeviceCount();
 
+// The name and memory (GiB) of CUDA device `index` (e.g. "NVIDIA H200",
+// 139.8); empty and 0 where libtorch was built without CUDA.
+PTRAIN_API std::string cudaDeviceName(int index);
+PTRAIN_API double cudaDeviceMemoryGib(int index);
+
 // `requested` is the recipe's device: "cpu", "cuda", or "auto" (cuda when a
 // GPU is visible). On cuda, the worker with local rank r takes GPU r and
 // makes it the calling thread's current device; a worker without a GPU of its

@@ -40,4 +40,8 @@ PTRAIN_API std::vector<std::string> checkLayout(const Recipe& recipe, int worldS
 PTRAIN_API std::vector<std::string> layoutWarnings(const Recipe& recipe, int worldSize);
 PTRAIN_API LayoutPlan planLayout(const Recipe& recipe, int worldSize);
 
+// True when the recipe (before validation) writes `parallel: auto`: the
+// layout is for `ptrain run` to choose (docs/planning.md).
+PTRAIN_API bool writesAutoLayout(const Recipe& recipe);
+
 }  // namespace ptrain

@@ -41,7 +41,13 @@
 // data-parallel all-reduce of the gradients (2 (d - 1) / d; hidden behind
 // the last micro-batch's backward when overlapped), and offload copies, each
 // over the link it takes (inside a node, or across nodes once the group
-// spans them).
+// spans them); and a fixed cost per operator dispatched (about 150 per block
+// and micro-batch forward and backward, 100 for the embedding, head and
+// loss, 50 per block for the optimizer, counted with log.count_ops) and per
+// collective (four per block and micro-batch under tp, two sends per
+// micro-batch and chunk under pp, four all-to-alls per MoE block, one per
+// gradient bucket of 4 MiB under dp, two per step for the loss and the norm),
+// which is what a small model's step is made of.
 //
 // Thread-safety: pure functions over values.
 #pragma once
@@ -85,6 +91,10 @@ struct DeviceSpec {
   double offload_gbps = 0;       // GB/s between the device and its offload tier
   int per_node = 8;
   double reserved_gib = 0;       // held before any tensor (context, libraries)
+  // Fixed costs that do not shrink with the work: each operator dispatched
+  // (host overhead and kernel launch) and each collective, whatever its size.
+  double op_latency_us = 0;
+  double comm_latency_us = 0;
 };
 
 // A100-40G, A100-80G, V100-16G, V100-32G, H100-80G, H200-141G (and `host`,
@@ -131,8 +141,9 @@ PTRAIN_API MemoryEstimate peakMemory(const ModelShape& shape, const Layout& layo
 
 struct TimeEstimate {
   double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, ep_comm = 0, dp_comm = 0, offload = 0;  // seconds
+  double latency = 0;  // operators and collectives, by count (DeviceSpec::op_latency_us, comm_latency_us)
   double flops = 0;  // model FLOPs of the step, every rank together
-  double total() const { return compute + bubble + tp_comm + pp_comm + ep_comm + dp_comm + offload; }
+  double total() const { return compute + bubble + tp_comm + pp_comm + ep_comm + dp_comm + offload + latency; }
 };
 
 PTRAIN_API TimeEstimate estimateStepTime(const ModelShape& shape, const Layout& layout, const DeviceSpec& device);
@@ -163,7 +174,8 @@ struct Candidate {
 
 // Every layout of `world` devices for the model (tp dividing the heads and
 // the vocabulary and at most a node; pp dividing the layers; dp the rest;
-// micro-batches dividing each data-parallel share of `base.global_batch`;
+// micro-batches dividing each data-parallel share of `base.global_batch`,
+// at least pp of them under a pipeline;
 // the interleaved schedule with two chunks per stage where the layers and
 // micro-batches allow; for a MoE model every ep dividing the experts that
 // tiles a stage's ranks (etp kept from `base`); sequence parallelism
