@@ -204,6 +204,19 @@ int printSearch(const plan::ModelShape& m, const plan::Layout& mine, const plan:
   return candidates.empty() || !candidates.front().fits ? 2 : 0;
 }
 
+// The model's shape from the recipe's trainer, after its setup (which may
+// derive sizes, e.g. the llm trainer's sequence length from its data).
+plan::ModelShape shapeFromTrainer(Plugin& trainerPlugin, const Recipe& recipe, const std::string& fix) {
+  auto& trainer = static_cast<Trainer&>(trainerPlugin);
+  trainer.setup(recipe);
+  const auto shape = trainer.modelShape();
+  if (!shape) {
+    throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
+                      "' does not describe its model's shape to the planner" + fix);
+  }
+  return *shape;
+}
+
 std::string layoutText(const plan::Layout& l) {
   std::string text = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp);
   if (l.vpp > 1) text += " vpp " + std::to_string(l.vpp);
@@ -369,13 +382,8 @@ std::vector<std::string> autoLayoutOverrides(const std::string& path, const std:
   }
   recipe.validate(schema);
   if (world <= 0) world = static_cast<int>(recipe.getInt("launch.nproc"));
-  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
-  trainer.setup(recipe);
-  const auto shape = trainer.modelShape();
-  if (!shape) {
-    throw ConfigError(where.str() + ": parallel: auto: trainer '" + recipe.getString("trainer.name") +
-                      "' does not describe its model's shape to the planner; write the layout under parallel");
-  }
+  const auto shape = shapeFromTrainer(*trainerPlugin, recipe, "; parallel: auto needs it: write the layout under "
+                                                             "parallel");
 
   plan::DeviceSpec device;
   const std::string requested = recipe.getString("device");
@@ -401,7 +409,7 @@ std::vector<std::string> autoLayoutOverrides(const std::string& path, const std:
   sized.global_batch_size = recipe.getInt("train.global_batch_size");
   sized.micro_batch_size = 1;
   const plan::Layout base = planLayoutOf(recipe, sized);
-  const auto best = plan::searchLayouts(*shape, base, device, world, 1);
+  const auto best = plan::searchLayouts(shape, base, device, world, 1);
   if (best.empty() || !best.front().fits) {
     throw ConfigError(where.str() + ": parallel: auto: no layout of " + std::to_string(world) + " x " + device.name +
                       " holds the model" +
@@ -423,7 +431,7 @@ std::vector<std::string> autoLayoutOverrides(const std::string& path, const std:
       "offload.params=" + flag(l.offload_params),
       "optimizer.distributed=" + flag(l.distributed_optimizer),
   };
-  if (shape->num_experts > 0) out.push_back("parallel.expert_model_parallel_size=" + std::to_string(l.ep));
+  if (shape.num_experts > 0) out.push_back("parallel.expert_model_parallel_size=" + std::to_string(l.ep));
   char line[256];
   std::snprintf(line, sizeof line, "parallel: auto chose %s on %d x %s: %s per rank, %.0f tokens/s predicted",
                 layoutText(l).c_str(), world, device.name.c_str(), mib(best.front().memory.total()).c_str(),
@@ -447,17 +455,11 @@ int cmdPlan(const PlanArgs& args) {
   if (!args.cluster.empty()) {
     const auto groups = groupsFromCluster(args.cluster);
     if (groups.size() > 1) {
-      auto& trainer = static_cast<Trainer&>(*trainerPlugin);
-      trainer.setup(recipe);
-      const auto shape = trainer.modelShape();
-      if (!shape) {
-        throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
-                          "' does not describe its model's shape to the planner");
-      }
+      const plan::ModelShape shape = shapeFromTrainer(*trainerPlugin, recipe, "");
       LayoutPlan sized;
       sized.global_batch_size = recipe.getInt("train.global_batch_size");
       sized.micro_batch_size = 1;
-      return printHeterogeneous(args.recipe, *shape, planLayoutOf(recipe, sized), groups);
+      return printHeterogeneous(args.recipe, shape, planLayoutOf(recipe, sized), groups);
     }
   }
   int64_t clusterCount = 0;
@@ -474,16 +476,9 @@ int cmdPlan(const PlanArgs& args) {
     for (const auto& p : problems) text += (text.empty() ? "" : "\n") + p;
     throw ConfigError(text);
   }
-  auto& trainer = static_cast<Trainer&>(*trainerPlugin);
-  trainer.setup(recipe);
-  const auto shape = trainer.modelShape();
-  if (!shape) {
-    throw ConfigError(recipe.location("trainer.name").str() + ": trainer '" + recipe.getString("trainer.name") +
-                      "' does not describe its model's shape to the planner");
-  }
+  const plan::ModelShape m = shapeFromTrainer(*trainerPlugin, recipe, "");
   const plan::Layout layout = planLayoutOf(recipe, planLayout(request));
 
-  const plan::ModelShape& m = *shape;
   if (args.json) {
     const plan::MemoryEstimate peak = plan::peakMemory(m, layout, device);
     const plan::TimeEstimate t = plan::estimateStepTime(m, layout, device);
