@@ -70,6 +70,13 @@ int main(int argc, char** argv) {
                     "print docs/device_tuning.md: chosen layouts for GPT 1.3B-175B on 8/64/512 devices of each preset "
                     "beside the seed's rule and Megatron-LM's published layouts");
 
+  std::string doctorPath;
+  auto* doctorCmd = app.add_subcommand(
+      "doctor", "read a run's folder (or a saved log) and say what went wrong, with the evidence and what to change");
+  doctorCmd->add_option("path", doctorPath, "the run folder `ptrain run` wrote (launch.log, exit.json, "
+                                            "metrics.jsonl), or a log file")
+      ->required();
+
   std::vector<std::string> pluginPaths;
   auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");
   pluginsCmd->add_option("--path", pluginPaths, "extra folders or files to search first");
@@ -118,6 +125,7 @@ int main(int argc, char** argv) {
       if (planArgs.recipe.empty()) throw ConfigError("ptrain plan: give a recipe file (or --table)");
       return cmdPlan(planArgs);
     }
+    if (doctorCmd->parsed()) return cmdDoctor(doctorPath);
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);

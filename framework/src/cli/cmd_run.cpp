@@ -135,6 +135,12 @@ int cmdRun(const RunArgs& args) {
       nccl::effectiveSettings(nccl::settingsFromRecipe(prepared.recipe), nccl::processEnvironment());
   for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
   launch.extra_env = nccl::environmentEntries(ncclSettings);
+  // What `ptrain doctor RUN_DIR` reads: the whole output and how each worker
+  // ended (one pair per node when there are several).
+  const std::string node = nnodes > 1 ? ".node" + std::to_string(args.launch.node_rank) : "";
+  fs::create_directories(runDir);
+  launch.log_path = (fs::path(runDir) / ("launch" + node + ".log")).string();
+  launch.exit_record_path = (fs::path(runDir) / ("exit" + node + ".json")).string();
   launch.command = {selfExe(), "run", args.recipe};
   for (const auto& o : overrides) launch.command.push_back(o);
   launch.command.push_back("--run-dir");

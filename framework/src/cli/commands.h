@@ -92,6 +92,9 @@ int cmdPlan(const PlanArgs& args);
 // `ptrain plan --table`: docs/device_tuning.md on stdout.
 int cmdPlanTable();
 int cmdCheck(const CheckArgs& args);
+// `ptrain doctor RUN_DIR | LOGFILE`: 0 when nothing went wrong, 1 with a
+// diagnosis, 2 when the path is neither (cmd_doctor.cpp).
+int cmdDoctor(const std::string& path);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);
 int cmdKeys(bool markdown, const std::string& trainer, bool nccl);

@@ -11,6 +11,7 @@ PluginLoadError::~PluginLoadError() = default;
 CommError::~CommError() = default;
 TimeoutError::~TimeoutError() = default;
 CheckpointError::~CheckpointError() = default;
+OutOfMemoryError::~OutOfMemoryError() = default;
 InternalError::~InternalError() = default;
 
 }  // namespace ptrain

@@ -93,6 +93,7 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.recompute = recipe.getString("model.recompute");
   o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
   o.offload = OffloadSettings::fromRecipe(recipe, runDir());
+  if (recipe.has("train.max_memory_mb")) o.max_memory_mb = recipe.getFloat("train.max_memory_mb");
   if (recipe.has("parallel.data_parallel_shares")) {
     o.data_parallel_shares = recipe.getFloatList("parallel.data_parallel_shares");
   }

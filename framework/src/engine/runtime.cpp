@@ -8,6 +8,7 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/core/resources.h"
 #include "ptrain/engine/distributed_optimizer.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/parallel_plugins.h"
@@ -407,6 +408,14 @@ StepResult ModelRuntime::step(const StepInput& input) {
   for (auto* h : hooks_) h->afterStep(result);
   for (auto* h : hooks_)
     for (const auto& [k, v] : h->stepStats()) result.stats[k] = v;
+  if (options_.max_memory_mb > 0) {
+    const double peak = peakRssMb();
+    PTRAIN_CHECK_AS(OutOfMemoryError, peak <= options_.max_memory_mb, "out of memory: rank ", comm_.rank(),
+                    " of runtime '", options_.name, "' reached ", static_cast<int64_t>(peak),
+                    " MB at step ", input.step + 1, ", over train.max_memory_mb=",
+                    static_cast<int64_t>(options_.max_memory_mb),
+                    " (`ptrain doctor RUN_DIR` or `ptrain plan` say what to change)");
+  }
   return result;
 }
 

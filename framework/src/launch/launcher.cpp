@@ -171,9 +171,16 @@ bool writeAll(int fd, const char* data, size_t size) {
 
 struct OutputTarget {
   int fd;
+  int copyFd = -1;  // LaunchOptions::log_path, or -1
   bool alive = true;
   void write(const std::string& s) {
     if (alive && !s.empty()) alive = writeAll(fd, s.data(), s.size());
+    if (copyFd >= 0 && !s.empty()) {
+      // A progress bar redraws with '\r'; the log keeps each state as a line.
+      std::string line = s;
+      std::replace(line.begin(), line.end(), '\r', '\n');
+      writeAll(copyFd, line.data(), line.size());
+    }
   }
 };
 
@@ -586,6 +593,35 @@ int findFreePort(const std::string& host) {
   return port;
 }
 
+namespace {
+
+// LaunchOptions::exit_record_path: how every worker ended, as JSON, written
+// to a temporary name and renamed, so a reader never sees half of it.
+void writeExitRecord(const std::string& path, const std::vector<Worker>& workers, int result, int firstFailure,
+                     int stopSignal) {
+  std::string json = detail::concat("{\"result\": ", result, ", \"first_failure_rank\": ", firstFailure,
+                                    ", \"launcher_signal\": ",
+                                    stopSignal != 0 ? "\"" + signalName(stopSignal) + "\"" : std::string("null"),
+                                    ", \"ranks\": [");
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Worker& w = workers[i];
+    json += detail::concat(i ? ", " : "", "{\"rank\": ", w.rank, ", \"code\": ", w.code, ", \"signal\": ",
+                           w.signal != 0 ? "\"" + signalName(w.signal) + "\"" : std::string("null"), "}");
+  }
+  json += "]}\n";
+  const std::string temporary = path + ".tmp";
+  FdGuard fd(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0 || !writeAll(fd.get(), json.data(), json.size())) {
+    logger()->warn("cannot write {}: {}", temporary, std::strerror(errno));
+    return;
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    logger()->warn("cannot write {}: {}", path, std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 int launchWorkers(const LaunchOptions& options) {
   validate(options);
   LaunchGuard once;
@@ -646,6 +682,12 @@ int launchWorkers(const LaunchOptions& options) {
 
   OutputTarget outTarget{STDOUT_FILENO};
   OutputTarget errTarget{STDERR_FILENO};
+  FdGuard logFile(options.log_path.empty()
+                      ? -1
+                      : open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  PTRAIN_CHECK_AS(Error, options.log_path.empty() || logFile.get() >= 0, "ptrain run: cannot write ",
+                  options.log_path, ": ", std::strerror(errno));
+  outTarget.copyFd = errTarget.copyFd = logFile.get();
   Terminal terminal;
 
   FdGuard devNull(open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -672,6 +714,7 @@ int launchWorkers(const LaunchOptions& options) {
   }
 
   int result = 0;               // first failure's code, or 128 + stop signal
+  int firstFailure = -1;        // its rank
   bool stopping = false;        // SIGTERM sent to the workers
   bool killed = false;          // SIGKILL sent to the workers
   int handledStops = 0;         // stop signals already acted on
@@ -763,6 +806,7 @@ int launchWorkers(const LaunchOptions& options) {
       const bool others = liveCount() > 0;
       say(detail::concat("ptrain: ", describeExit(w), others ? "; stopping the other workers" : "", "\n"));
       result = w.code;
+      firstFailure = w.rank;
       beginStop();
     }
 
@@ -801,6 +845,9 @@ int launchWorkers(const LaunchOptions& options) {
     w.err->finish();
   }
   if (terminal.pendingCr != nullptr) terminal.pendingTarget->write("\n");
+  if (!options.exit_record_path.empty()) {
+    writeExitRecord(options.exit_record_path, set.workers, result, firstFailure, handledStops > 0 ? gStopSignal : 0);
+  }
   return result;
 }
 

@@ -62,6 +62,7 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(required("train.steps", T::kInt, "Optimizer steps to run."), 1));
   s.add(atLeast(required("train.global_batch_size", T::kInt, "Samples per optimizer step, summed over all data-parallel ranks and micro-batches."), 1));
   s.add(atLeast(key("train.micro_batch_size", T::kInt, "", "Samples per forward/backward pass on one rank; not set: global_batch_size / data-parallel size."), 1));
+  s.add(above(key("train.max_memory_mb", T::kFloat, "", "Each worker's memory cap in MB (its peak resident set, checked after every step): over it, the worker stops with an out-of-memory error (exit code 3), as a device of that size would; for rehearsing a layout on the host. Not set: no cap."), 0));
   s.add(atLeast(key("train.seed", T::kInt, "1234", "Seed for initialisation, data order and dropout."), 0));
   s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
   s.add(reserved(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1),

@@ -62,6 +62,15 @@ class PTRAIN_API CheckpointError : public Error {
   ~CheckpointError() override;
 };
 
+// A worker went over its memory: `train.max_memory_mb`, or an allocation the
+// system refused. Exit code 3, which `ptrain doctor` reads as out of memory.
+class PTRAIN_API OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+  ~OutOfMemoryError() override;
+  int exitCode() const override { return 3; }
+};
+
 // Internal invariant broken: a bug in ptrain or a plugin, not the user's fault.
 class PTRAIN_API InternalError : public Error {
  public:

@@ -88,6 +88,9 @@ struct RuntimeOptions {
   // parallel.data_parallel_shares: each data-parallel rank's weight in the
   // split of a global batch (microBatches()); empty: an even split.
   std::vector<double> data_parallel_shares;
+  // train.max_memory_mb: after every step, a peak resident set above it
+  // throws OutOfMemoryError; 0: no cap.
+  double max_memory_mb = 0;
   // Options the parallel plugins read (parallel.*); null: their defaults.
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).

@@ -36,6 +36,13 @@ struct LaunchOptions {
                                        // (or a name looked up in PATH)
   std::vector<std::string> extra_env;  // "KEY=VALUE" added to every worker
   double grace_seconds = 5;            // SIGTERM -> SIGKILL delay when stopping workers
+  // Where the run is recorded for `ptrain doctor` (empty: nowhere): every
+  // line the launcher prints, its workers' and its own, appended to
+  // log_path; and how each worker ended, written to exit_record_path as
+  // {"result": N, "first_failure_rank": R or -1, "launcher_signal": "SIGINT"
+  // or null, "ranks": [{"rank": 0, "code": 0, "signal": null}, ...]}.
+  std::string log_path;
+  std::string exit_record_path;
   bool prefix_output = true;           // "[rank R] " before each line of worker output
   // The workers run ptrain's host kernels (cpu.kernels: ptrain): one thread
   // pool, so OpenMP keeps its default wait (see launch/host_tuning.h).

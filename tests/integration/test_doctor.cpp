@@ -1,0 +1,175 @@
+// `ptrain doctor` on real failures produced here: a worker killed mid-step, a
+// collective that times out behind a stuck rank, a worker over its memory cap
+// (train.max_memory_mb), a diverging fp16 run, a plugin built for another
+// ABI, a layout that does not fit its world, a configuration error; and a
+// healthy run, which it leaves alone. Each run goes through `ptrain run`,
+// whose launcher records launch.log and exit.json in the run folder.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using ptrain::test::runPtrain;
+using ptrain::test::TempDir;
+
+namespace {
+
+std::string quickstart() { return ptrain::test::sourceDir() + "/configs/quickstart.yaml"; }
+
+ptrain::test::ProcessResult doctor(const std::string& path) { return runPtrain({"doctor", path}, {}, 120); }
+
+std::vector<std::string> runArgs(const std::string& runDir, std::vector<std::string> extra) {
+  std::vector<std::string> args{"run", quickstart(), "--run-dir", runDir, "train.eval_every=0", "log.progress=lines",
+                                "train.log_every=1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// The worker of `rank` among the processes whose environment holds `tag`.
+pid_t findWorker(const std::string& tag, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "environ", std::ios::binary);
+    std::string var;
+    bool tagged = false, worker = false, ranked = false;
+    while (std::getline(in, var, '\0')) {
+      tagged = tagged || var == tag;
+      worker = worker || var == "PTRAIN_WORKER=1";
+      ranked = ranked || var == "RANK=" + std::to_string(rank);
+    }
+    if (tagged && worker && ranked) return static_cast<pid_t>(std::stol(name));
+  }
+  return 0;
+}
+
+// Starts a 2-rank run, waits until it has logged `steps` steps, then sends
+// `signal` to rank 1; returns the run's result.
+ptrain::test::ProcessResult runAndSignalRank1(const std::string& runDir, int signal, std::vector<std::string> extra) {
+  const std::string tag = "PTRAIN_DOCTOR_TEST=" + std::to_string(getpid()) + "-" + std::to_string(signal);
+  auto run = std::async(std::launch::async, [&] {
+    return runPtrain(runArgs(runDir, extra), {tag}, 300);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  pid_t pid = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ptrain::test::readTrainingSteps(runDir).size() >= 2 && (pid = findWorker(tag, 1)) != 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(pid, 0) << "rank 1 never started or never trained";
+  if (pid != 0) kill(pid, signal);
+  return run.get();
+}
+
+void expectDiagnosis(const ptrain::test::ProcessResult& r, const std::string& kind,
+                     const std::vector<std::string>& texts) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(": " + kind + "\n"), std::string::npos) << r.output;
+  for (const auto& text : texts) EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+}
+
+TEST(Doctor, AHealthyRunHasNothingToReport) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  auto run = runPtrain(runArgs(dir, {"train.steps=5"}), {}, 300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_TRUE(fs::exists(dir + "/launch.log"));
+  EXPECT_NE(ptrain::test::readFile(dir + "/exit.json").find("\"result\": 0"), std::string::npos);
+  auto r = doctor(dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no failure found: 5 training steps"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, AWorkerKilledMidRunIsALostRank) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  auto run = runAndSignalRank1(dir, SIGKILL, {"train.steps=100000", "checkpoint.every=0"});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  expectDiagnosis(doctor(dir), "lost rank",
+                  {"rank 1 was killed by SIGKILL", "exit.json: rank 1 was killed by SIGKILL first",
+                   "--resume --run-dir " + dir});
+}
+
+TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  // Rank 1 stops (SIGSTOP) and never answers: rank 0's next collective waits
+  // communication.timeout_s and fails; the launcher then stops everyone.
+  auto run = runAndSignalRank1(dir, SIGSTOP, {"train.steps=100000", "communication.timeout_s=3"});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  expectDiagnosis(doctor(dir), "communication timeout",
+                  {"timed out after", "communication.timeout_s=<more seconds>", "exit.json: rank 0 exited with code 1"});
+}
+
+TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  auto run = runPtrain(runArgs(dir, {"train.steps=5", "train.max_memory_mb=60"}), {}, 300);
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_NE(run.output.find("out of memory: rank 0 of runtime 'model' reached"), std::string::npos) << run.output;
+  expectDiagnosis(doctor(dir), "out of memory",
+                  {"over train.max_memory_mb=60", "exit.json: rank", "exited with code 3",
+                   "ptrain run " + dir + "/recipe.yaml --resume --run-dir " + dir + " offload.params=true"});
+}
+
+TEST(Doctor, ADivergingFp16RunIsAnOverflowStorm) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  // A learning rate a thousand times too high: the loss scale halves on every
+  // overflow and the steps keep being skipped.
+  auto run = runPtrain(runArgs(dir, {"train.steps=30", "precision.name=fp16", "optimizer.lr=5",
+                                     "optimizer.warmup_steps=0"}),
+                       {}, 300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto r = doctor(dir);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const bool storm = r.output.find(": fp16 overflow storm\n") != std::string::npos;
+  const bool diverged = r.output.find(": loss divergence\n") != std::string::npos ||
+                        r.output.find(": loss NaN\n") != std::string::npos;
+  EXPECT_TRUE(storm || diverged) << r.output;
+  EXPECT_NE(r.output.find("precision.name=bf16"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optimizer.lr=2.5"), std::string::npos) << r.output;
+}
+
+TEST(Doctor, APluginBuiltForAnotherAbiIsAPluginFailure) {
+  TempDir tmp;
+  // Refused before any folder is made: the user's saved output is the record.
+  auto run = runPtrain(runArgs(tmp.path() + "/run", {"plugins.paths=[" + std::string(PTRAIN_FIXTURE_DIR) + "/bad_abi]"}),
+                       {}, 120);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  const std::string log = tmp.write("run.log", run.output);
+  expectDiagnosis(doctor(log), "plugin load failure",
+                  {"plugin ABI version 999", "rebuild the plugin against this ptrain"});
+}
+
+TEST(Doctor, ALayoutThatDoesNotFitItsWorldIsAMismatch) {
+  TempDir tmp;
+  auto run = runPtrain(runArgs(tmp.path() + "/run", {"--nproc", "3", "parallel.tensor_model_parallel_size=2"}), {},
+                       120);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  const std::string log = tmp.write("run.log", run.output);
+  expectDiagnosis(doctor(log), "layout mismatch", {"world size 3 is not divisible by", "ptrain check RECIPE"});
+}
+
+TEST(Doctor, AMisspelledKeyIsAConfigurationError) {
+  TempDir tmp;
+  auto run = runPtrain(runArgs(tmp.path() + "/run", {"optimizer.learning_rate=0.1"}), {}, 120);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  const std::string log = tmp.write("run.log", run.output);
+  expectDiagnosis(doctor(log), "configuration or data error", {"optimizer.learning_rate", "ptrain check RECIPE"});
+}
+
+TEST(Doctor, APathThatIsNeitherIsRefusedInOneLine) {
+  auto r = doctor("/nonexistent/run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "ptrain: /nonexistent/run: no such run folder or log file\n");
+}
+
+}  // namespace
