@@ -1,0 +1,156 @@
+// GRPO's algorithm (trainers/llm_grpo/core_algos.h) against values worked by
+// hand: group advantages with and without the standard deviation, the
+// clipped surrogate with dual clip under each aggregation mode (value,
+// clip fractions, approximate KL and gradient), the KL estimators, entropy.
+#include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "core_algos.h"
+#include "sampling.h"
+#include "ptrain/core/error.h"
+
+namespace ptrain::grpo {
+namespace {
+
+double item(const at::Tensor& t) { return t.item<double>(); }
+
+TEST(GrpoAdvantages, GroupMeanOverUnbiasedStdAndDrGrpo) {
+  const at::Tensor scores = torch::tensor({1.f, 0.f, 0.f, 1.f, 1.f, 1.f, 1.f, 1.f});
+  // Group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.57735; group 2: all equal.
+  const double a = 0.5 / (std::sqrt(1.0 / 3.0) + 1e-6);
+  const at::Tensor grpo = groupAdvantages(scores, 4, true);
+  const std::vector<double> expected = {a, -a, -a, a, 0, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(grpo[i].item<double>(), expected[static_cast<size_t>(i)], 1e-6) << i;
+  const at::Tensor dr = groupAdvantages(scores, 4, false);
+  const std::vector<double> centred = {0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(dr[i].item<double>(), centred[static_cast<size_t>(i)], 1e-7) << i;
+  // A group of one: mean 0, std 1.
+  const at::Tensor single = groupAdvantages(torch::tensor({3.f, -1.f}), 1, true);
+  EXPECT_NEAR(single[0].item<double>(), 3 / (1 + 1e-6), 1e-6);
+  EXPECT_NEAR(single[1].item<double>(), -1 / (1 + 1e-6), 1e-6);
+  EXPECT_THROW(groupAdvantages(scores, 3, true), InternalError);
+}
+
+// Row 0: ratios 1.5, 0.5, 1.1 (and a masked token); advantages 1, 1, -1.
+// Row 1: ratio 5 with advantage -1 (the dual clip), the rest masked.
+struct Case {
+  at::Tensor old_logp = torch::zeros({2, 4});
+  at::Tensor logp;
+  at::Tensor adv = torch::tensor({{1.f, 1.f, -1.f, 1.f}, {-1.f, -1.f, -1.f, -1.f}});
+  at::Tensor mask = torch::tensor({{1.f, 1.f, 1.f, 0.f}, {1.f, 0.f, 0.f, 0.f}});
+  Case() {
+    logp = torch::tensor({{std::log(1.5f), std::log(0.5f), std::log(1.1f), 5.f}, {std::log(5.f), 0.f, 0.f, 0.f}})
+               .requires_grad_(true);
+  }
+};
+
+TEST(GrpoPolicyLoss, ClippedSurrogateWithDualClipByHand) {
+  Case c;
+  PolicyLossOptions o;  // clip 0.2 / 0.2, c = 3, token-mean
+  const PolicyLoss l = policyLoss(c.old_logp, c.logp, c.adv, c.mask, o);
+  // Per token: -1.2 (clipped at 1.2), -0.5, 1.1, and 3 (5 bounded by -A c).
+  EXPECT_NEAR(item(l.pg_loss), (-1.2 - 0.5 + 1.1 + 3) / 4, 1e-6);
+  EXPECT_NEAR(item(l.pg_clipfrac), 0.25, 1e-7);
+  EXPECT_NEAR(item(l.pg_clipfrac_lower), 0.25, 1e-7);
+  EXPECT_NEAR(item(l.ppo_kl), -(std::log(1.5) + std::log(0.5) + std::log(1.1) + std::log(5.0)) / 4, 1e-6);
+  // Only the unclipped tokens carry gradient: d(-A r)/d logp = -A r, over 4 tokens.
+  l.pg_loss.backward();
+  const at::Tensor g = c.logp.grad();
+  EXPECT_NEAR(g[0][0].item<double>(), 0, 1e-7);
+  EXPECT_NEAR(g[0][1].item<double>(), -0.5 / 4, 1e-6);
+  EXPECT_NEAR(g[0][2].item<double>(), 1.1 / 4, 1e-6);
+  EXPECT_NEAR(g[0][3].item<double>(), 0, 1e-7);
+  EXPECT_NEAR(g[1][0].item<double>(), 0, 1e-7);
+}
+
+TEST(GrpoPolicyLoss, AggregationModes) {
+  Case c;
+  PolicyLossOptions o;
+  o.aggregation = lossAggregationFromName("seq-mean-token-sum");
+  // Row sums -0.6 and 3.
+  EXPECT_NEAR(item(policyLoss(c.old_logp, c.logp, c.adv, c.mask, o).pg_loss), (-0.6 + 3) / 2, 1e-6);
+  o.aggregation = lossAggregationFromName("seq-mean-token-mean");
+  // Row means -0.2 and 3.
+  EXPECT_NEAR(item(policyLoss(c.old_logp, c.logp, c.adv, c.mask, o).pg_loss), (-0.2 + 3) / 2, 1e-6);
+  EXPECT_STREQ(toString(o.aggregation), "seq-mean-token-mean");
+  EXPECT_THROW(lossAggregationFromName("token-sum"), ConfigError);
+  // Asymmetric clipping (DAPO's clip-higher): ratio 1.5 clipped at 1.3.
+  o.aggregation = LossAggregation::kTokenMean;
+  o.clip_ratio_high = 0.3;
+  EXPECT_NEAR(item(policyLoss(c.old_logp, c.logp, c.adv, c.mask, o).pg_loss), (-1.3 - 0.5 + 1.1 + 3) / 4, 1e-6);
+}
+
+TEST(GrpoKl, EstimatorsByHand) {
+  const at::Tensor logp = torch::tensor({std::log(0.5f), 0.f});
+  const at::Tensor ref = torch::tensor({std::log(0.25f), 30.f});
+  const double d = std::log(2.0);  // logp - ref for the first token
+  EXPECT_NEAR(klPenalty(logp, ref, klEstimatorFromName("kl"))[0].item<double>(), d, 1e-6);
+  EXPECT_NEAR(klPenalty(logp, ref, klEstimatorFromName("k1"))[0].item<double>(), d, 1e-6);
+  EXPECT_NEAR(klPenalty(logp, ref, klEstimatorFromName("abs"))[0].item<double>(), d, 1e-6);
+  EXPECT_NEAR(klPenalty(logp, ref, klEstimatorFromName("mse"))[0].item<double>(), 0.5 * d * d, 1e-6);
+  // k3: r - log r - 1 with r = 0.25 / 0.5.
+  const at::Tensor k3 = klPenalty(logp, ref, klEstimatorFromName("low_var_kl"));
+  EXPECT_NEAR(k3[0].item<double>(), 0.5 + d - 1, 1e-6);
+  // exp(20) - 20 - 1, clamped to 10.
+  EXPECT_DOUBLE_EQ(k3[1].item<double>(), 10.0);
+  EXPECT_THROW(klEstimatorFromName("k4"), ConfigError);
+}
+
+TEST(GrpoEntropy, CategoricalEntropyAndTokenLogProbs) {
+  const at::Tensor logits = torch::tensor({{0.f, 0.f}, {0.f, std::log(3.f)}});
+  const at::Tensor h = entropyFromLogits(logits);
+  EXPECT_NEAR(h[0].item<double>(), std::log(2.0), 1e-6);
+  EXPECT_NEAR(h[1].item<double>(), -(0.25 * std::log(0.25) + 0.75 * std::log(0.75)), 1e-6);
+  const at::Tensor lp = tokenLogProbs(logits, torch::tensor({0L, 1L}));
+  EXPECT_NEAR(lp[0].item<double>(), std::log(0.5), 1e-6);
+  EXPECT_NEAR(lp[1].item<double>(), std::log(0.75), 1e-6);
+  // Masked tokens do not count, and an all-padding batch gives 0, not NaN.
+  EXPECT_NEAR(item(maskedMean(torch::tensor({1.f, 5.f}), torch::tensor({1.f, 0.f}))), 1.0, 1e-7);
+  EXPECT_EQ(item(maskedMean(torch::tensor({1.f, 5.f}), torch::zeros({2}))), 0.0);
+}
+
+// Probabilities 0.1, 0.2, 0.3, 0.4.
+at::Tensor fourLogits() { return torch::tensor({{0.f, std::log(2.f), std::log(3.f), std::log(4.f)}}); }
+
+void expectProbs(const at::Tensor& p, std::vector<double> expected) {
+  ASSERT_EQ(p.size(1), static_cast<int64_t>(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(p[0][static_cast<int64_t>(i)].item<double>(), expected[i], 1e-6) << i;
+}
+
+TEST(GrpoSampling, TemperatureTopKAndTopPByHand) {
+  SamplingOptions o;
+  expectProbs(samplingProbs(fourLogits(), o), {0.1, 0.2, 0.3, 0.4});
+  o.top_k = 2;
+  expectProbs(samplingProbs(fourLogits(), o), {0, 0, 3.0 / 7, 4.0 / 7});
+  o.top_k = -1;
+  o.top_p = 0.5;  // 0.4, then 0.3 crosses 0.5: both kept
+  expectProbs(samplingProbs(fourLogits(), o), {0, 0, 3.0 / 7, 4.0 / 7});
+  o.top_p = 0.35;  // 0.4 alone reaches it
+  expectProbs(samplingProbs(fourLogits(), o), {0, 0, 0, 1});
+  o.top_p = 1;
+  o.temperature = 0.5;  // p^2, renormalised
+  expectProbs(samplingProbs(fourLogits(), o), {1.0 / 30, 4.0 / 30, 9.0 / 30, 16.0 / 30});
+  o.temperature = 0;  // greedy
+  expectProbs(samplingProbs(fourLogits(), o), {0, 0, 0, 1});
+}
+
+TEST(GrpoSampling, DrawsFollowTheDistributionAndRepeatWithTheSeed) {
+  SamplingOptions o;
+  const at::Tensor logits = fourLogits().expand({20000, 4}).contiguous();
+  at::Generator first = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Generator second = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor a = sampleTokens(logits, o, first);
+  EXPECT_TRUE(torch::equal(a, sampleTokens(logits, o, second)));
+  for (int64_t token = 0; token < 4; ++token) {
+    EXPECT_NEAR(a.eq(token).to(torch::kFloat64).mean().item<double>(), 0.1 * static_cast<double>(token + 1), 0.01)
+        << token;
+  }
+  o.top_k = 1;
+  EXPECT_TRUE(sampleTokens(logits, o, first).eq(3).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace ptrain::grpo
