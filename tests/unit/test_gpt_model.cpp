@@ -189,6 +189,47 @@ TEST(GptModel, FutureTokensDoNotChangeEarlierLogits) {
   EXPECT_TRUE(torch::allclose(m.logits(tokens.narrow(1, 0, 7)), a.narrow(1, 0, 7), 1e-5, 1e-6));
 }
 
+TEST(GptModel, KvCacheDecodingEqualsTheWholePrefixsLogits) {
+  torch::manual_seed(3);
+  GptModel m(smallConfig());
+  m.module().eval();
+  torch::NoGradGuard noGrad;
+  // Three rows whose prompts are 3, 5 and 4 tokens long, each followed by
+  // its own continuation up to 11 tokens.
+  const at::Tensor full = torch::randint(0, 16, {3, 11}, torch::kInt64);
+  const at::Tensor reference = m.logits(full);  // each row's whole prefix, no cache
+  const std::vector<int64_t> promptLength = {3, 5, 4};
+  // A batched prefill of the prompts padded to 5 (row 0's tokens 3-4 and row
+  // 2's token 4 are padding the later steps overwrite).
+  at::Tensor prompts = full.narrow(1, 0, 5).clone();
+  prompts[0][3] = 0;
+  prompts[0][4] = 0;
+  prompts[2][4] = 0;
+  ptrain::llm::KvCache cache;
+  const at::Tensor prefill = m.decodeLogits(prompts, torch::zeros({3}, torch::kInt64), cache);
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t i = 0; i < promptLength[static_cast<size_t>(r)]; ++i) {
+      EXPECT_TRUE(torch::allclose(prefill[r][i], reference[r][i], 1e-5, 1e-5)) << "row " << r << " position " << i;
+    }
+  }
+  // Then one token per row and step, each at its row's next position.
+  std::vector<int64_t> next = promptLength;
+  for (int step = 0; step < 6; ++step) {
+    at::Tensor tokens = torch::empty({3, 1}, torch::kInt64);
+    for (int64_t r = 0; r < 3; ++r) tokens[r][0] = full[r][next[static_cast<size_t>(r)]];
+    const at::Tensor logits = m.decodeLogits(tokens, torch::tensor(next, torch::kInt64), cache);
+    for (int64_t r = 0; r < 3; ++r) {
+      const int64_t position = next[static_cast<size_t>(r)];
+      EXPECT_TRUE(torch::allclose(logits[r][0], reference[r][position], 1e-5, 1e-5))
+          << "step " << step << " row " << r << " position " << position;
+    }
+    for (auto& n : next) ++n;
+  }
+  // Past seq_length is refused.
+  EXPECT_THROW(m.decodeLogits(torch::zeros({3, 2}, torch::kInt64), torch::full({3}, 11, torch::kInt64), cache),
+               ptrain::InternalError);
+}
+
 TEST(GptModel, AttentionMatchesPerHeadReferenceOfTheDocumentedLayout) {
   GptConfig c = smallConfig();
   c.hidden_size = 16;

@@ -56,6 +56,13 @@ at::Tensor GptEmbeddingImpl::forward(const at::Tensor& ids) {
   return sequenceParallel(tp_) ? nn::scatterToSequenceParallelRegion(x, *tp_, 1) : x;
 }
 
+at::Tensor GptEmbeddingImpl::forwardAt(const at::Tensor& ids, const at::Tensor& starts) {
+  const int64_t rows = ids.size(0), length = ids.size(1);
+  const at::Tensor where =
+      (starts.view({rows, 1}) + torch::arange(length, starts.options()).view({1, length})).view({-1});
+  return tokens(ids) + positions->weight.index_select(0, where).view({rows, length, -1});
+}
+
 // ---- attention ----
 
 GptAttentionImpl::GptAttentionImpl(const GptConfig& c)
@@ -82,6 +89,29 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& addi
     return proj(nn::recomputed([this, mask](const std::vector<at::Tensor>& in) { return core(in[0], mask); }, {qkvOut}));
   }
   return proj(core(qkvOut, mask));
+}
+
+at::Tensor GptAttentionImpl::forwardCached(const at::Tensor& x, const at::Tensor& starts, at::Tensor& keys,
+                                           at::Tensor& values) {
+  const at::Tensor qkvOut = qkv(x);  // [B, t, heads * 3 * d], heads-major (see the top of gpt_model.h)
+  const int64_t rows = qkvOut.size(0), length = qkvOut.size(1), heads = qkvOut.size(2) / (3 * head_dim_);
+  const at::Tensor parts = qkvOut.view({rows, length, heads, 3, head_dim_}).permute({3, 0, 2, 1, 4});
+  const at::Tensor q = parts[0], k = parts[1], v = parts[2];  // [B, heads, t, d]
+  // Absolute position of every new token, [B, t].
+  const at::Tensor where = starts.view({rows, 1}) + torch::arange(length, starts.options()).view({1, length});
+  const at::Tensor index = where.view({rows, 1, length, 1}).expand({rows, heads, length, head_dim_});
+  keys.scatter_(2, index, k);
+  values.scatter_(2, index, v);
+  // Keys up to the furthest new position; query i of row b sees key j <= where[b][i].
+  const int64_t span = where.max().item<int64_t>() + 1;
+  const at::Tensor keysNow = keys.narrow(2, 0, span), valuesNow = values.narrow(2, 0, span);
+  at::Tensor scores = torch::matmul(q, keysNow.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim_));
+  const at::Tensor visible =
+      torch::arange(span, starts.options()).view({1, 1, 1, span}).le(where.view({rows, 1, length, 1}));
+  scores = scores.to(torch::kFloat32).masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  const at::Tensor probs = torch::softmax(scores, -1).to(valuesNow.scalar_type());
+  const at::Tensor out = torch::matmul(probs, valuesNow);  // [B, heads, t, d]
+  return proj(out.permute({0, 2, 1, 3}).reshape({rows, length, heads * head_dim_}));
 }
 
 at::Tensor GptAttentionImpl::core(const at::Tensor& qkvOut, const at::Tensor& mask) {
@@ -145,7 +175,15 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c, int64_t index) : dropout_(c.dropo
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& additiveMask) {
-  at::Tensor a = attn(norm(ln1, x), additiveMask);
+  return afterAttention(x, attn(norm(ln1, x), additiveMask));
+}
+
+at::Tensor GptBlockImpl::forwardCached(const at::Tensor& x, const at::Tensor& starts, at::Tensor& keys,
+                                       at::Tensor& values) {
+  return afterAttention(x, attn->forwardCached(norm(ln1, x), starts, keys, values));
+}
+
+at::Tensor GptBlockImpl::afterAttention(const at::Tensor& x, const at::Tensor& a) {
   // h = x + dropout(a + proj bias), then ln2(h): fused as far as the recipe asks.
   at::Tensor h, normed;
   if (fusion_.bias_dropout_add) {
@@ -418,6 +456,35 @@ at::Tensor GptModel::logits(const at::Tensor& tokens) {
   b.tensors.emplace("tokens", tokens);
   at::Tensor hidden = forwardHidden(b);
   return holdsHead() ? root_->head(hidden) : at::Tensor();
+}
+
+at::Tensor GptModel::decodeLogits(const at::Tensor& tokens, const at::Tensor& starts, KvCache& cache) {
+  PTRAIN_CHECK(root_->embed && root_->head && static_cast<int>(root_->built.size()) == numBlocks(),
+               "gpt: decodeLogits needs the whole model on this rank (no pipeline split)");
+  PTRAIN_CHECK(!sequenceParallel(tp_), "gpt: decodeLogits runs without sequence parallelism (its steps are one "
+               "token long); decode on a layout with sequence_parallel off");
+  PTRAIN_CHECK(tokens.dim() == 2 && starts.dim() == 1 && starts.size(0) == tokens.size(0),
+               "gpt: decodeLogits takes tokens [B, t] and starts [B], got ", tokens.sizes(), " and ", starts.sizes());
+  torch::NoGradGuard noGrad;
+  const at::Tensor positions = starts.to(tokens.device(), torch::kInt64);
+  PTRAIN_CHECK((positions + tokens.size(1)).max().item<int64_t>() <= config_.seq_length,
+               "gpt: decoding past model.seq_length=", config_.seq_length);
+  at::Tensor hidden = root_->embed->forwardAt(tokens, positions);
+  if (cache.keys.empty()) {
+    const int64_t heads = root_->built.begin()->second->attn->qkv->weight.size(0) / (3 * config_.headDim());
+    for (int b = 0; b < numBlocks(); ++b) {
+      cache.keys.push_back(torch::zeros({tokens.size(0), heads, config_.seq_length, config_.headDim()},
+                                        hidden.options()));
+      cache.values.push_back(torch::zeros_like(cache.keys.back()));
+    }
+  }
+  PTRAIN_CHECK(cache.keys.front().size(0) == tokens.size(0), "gpt: a KV cache of ", cache.keys.front().size(0),
+               " rows used for ", tokens.size(0));
+  for (auto& [index, block] : root_->built) {
+    hidden = block->forwardCached(hidden, positions, cache.keys[static_cast<size_t>(index)],
+                                  cache.values[static_cast<size_t>(index)]);
+  }
+  return root_->head(hidden);
 }
 
 std::vector<std::vector<int64_t>> GptModel::greedyDecode(const std::vector<std::vector<int64_t>>& prompts,

@@ -128,6 +128,8 @@ class GptEmbeddingImpl : public torch::nn::Module {
   // ids [B, T] -> [B, T, h], or [B, T / tp, h] (this rank's sequence shard)
   // under sequence parallelism.
   at::Tensor forward(const at::Tensor& ids);
+  // Decoding: ids [B, t] at positions starts[b] + i (starts [B] int64), whole.
+  at::Tensor forwardAt(const at::Tensor& ids, const at::Tensor& starts);
   void setTensorParallel(TensorParallelStatePtr state) { tp_ = std::move(state); }
 
   nn::VocabParallelEmbedding tokens{nullptr};
@@ -147,6 +149,13 @@ class GptAttentionImpl : public torch::nn::Module {
   // x [B, T, h] (a sequence shard under sequence parallelism); additiveMask
   // [T', T'] with T' >= T (0 on and below the diagonal, -inf above).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+  // Decoding with a KV cache: x [B, t, h] holds the tokens at positions
+  // starts[b] .. starts[b] + t - 1 of each row; their keys and values are
+  // written there into keys/values [B, heads, seq_length, d] (this rank's
+  // heads), and each query attends to the cached positions up to its own.
+  // Positions after a row's own (a shorter prompt's padding from a batched
+  // prefill) are never read. No dropout (inference).
+  at::Tensor forwardCached(const at::Tensor& x, const at::Tensor& starts, at::Tensor& keys, at::Tensor& values);
   void setTensorParallel(TensorParallelStatePtr state) { tp_ = std::move(state); }
 
   nn::ColumnParallelLinear qkv{nullptr};
@@ -183,6 +192,8 @@ class GptBlockImpl : public torch::nn::Module {
   // Block `index` of the model (a MoE block when config.isMoeBlock(index)).
   GptBlockImpl(const GptConfig& config, int64_t index);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additiveMask);
+  // Decoding (GptAttentionImpl::forwardCached).
+  at::Tensor forwardCached(const at::Tensor& x, const at::Tensor& starts, at::Tensor& keys, at::Tensor& values);
   void setTensorParallel(TensorParallelStatePtr state);
 
   torch::nn::LayerNorm ln1{nullptr};
@@ -196,6 +207,8 @@ class GptBlockImpl : public torch::nn::Module {
   // The noise residualDropout would multiply `x` by (undefined without dropout).
   at::Tensor residualNoise(const at::Tensor& x);
   at::Tensor norm(const torch::nn::LayerNorm& ln, const at::Tensor& x);
+  // The rest of the block after attention: x + a, then the MLP (or experts).
+  at::Tensor afterAttention(const at::Tensor& x, const at::Tensor& a);
 
   double dropout_;
   GptConfig::Fusion fusion_;
@@ -234,6 +247,12 @@ class GptModuleImpl : public torch::nn::Module {
   GptHead head{nullptr};                       // null when not built
 };
 TORCH_MODULE(GptModule);
+
+// Keys and values of every block for decoding (GptModel::decodeLogits):
+// [rows, this rank's heads, seq_length, head_dim] each, made on first use.
+struct KvCache {
+  std::vector<at::Tensor> keys, values;  // by block
+};
 
 class GptModel : public StagedModel {
  public:
@@ -289,6 +308,17 @@ class GptModel : public StagedModel {
   // them).
   std::vector<std::vector<int64_t>> greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
                                                  int64_t maxNew, int64_t stopId, int64_t padId = 0);
+
+  // Decoding with a KV cache: tokens [B, t] at positions starts[b] ..
+  // starts[b] + t - 1 of each row (starts [B] int64; a prefill passes 0 and
+  // the padded prompts, each step then one token per row at its row's next
+  // position) -> logits [B, t, paddedVocab()] (this rank's vocabulary slice
+  // under tensor parallelism), equal to logits() of each row's whole prefix
+  // at those positions. `cache` belongs to these rows. Needs the whole model on
+  // this rank (no pipeline) and no sequence parallelism; runs under
+  // NoGradGuard in the module's mode (eval for dropout-free decoding). Under
+  // tensor parallelism every rank of the group calls it with the same tokens.
+  at::Tensor decodeLogits(const at::Tensor& tokens, const at::Tensor& starts, KvCache& cache);
 
   const GptConfig& config() const { return config_; }
   // Number of parameter values this rank holds (the tied weight counted
