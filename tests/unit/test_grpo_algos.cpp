@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core_algos.h"
+#include "rollout.h"
 #include "sampling.h"
 #include "ptrain/core/error.h"
 
@@ -150,6 +151,62 @@ TEST(GrpoSampling, DrawsFollowTheDistributionAndRepeatWithTheSeed) {
   }
   o.top_k = 1;
   EXPECT_TRUE(sampleTokens(logits, o, first).eq(3).all().item<bool>());
+}
+
+llm::GptConfig rolloutConfig() {
+  llm::GptConfig c;
+  c.vocab_size = 16;
+  c.seq_length = 14;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  return c;
+}
+
+TEST(GrpoRollout, GreedyRolloutWithTheCacheEqualsGreedyDecodingWithout) {
+  torch::manual_seed(5);
+  llm::GptModel model(rolloutConfig());
+  model.module().eval();
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}, {9}};
+  RolloutOptions o;
+  o.sampling.temperature = 0;
+  o.n = 2;
+  o.max_response_length = 8;
+  o.stop_id = 3;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const Rollout r = generate(model, prompts, o, gen);
+  // The model's own greedy decoding recomputes every prefix (no cache).
+  const auto reference = model.greedyDecode(prompts, o.max_response_length, o.stop_id);
+  ASSERT_EQ(r.responses.size(), 6u);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(r.prompts[p * 2 + s], prompts[p]);
+      EXPECT_EQ(r.responses[p * 2 + s], reference[p]) << "prompt " << p << " sample " << s;
+    }
+  }
+  // Prompt 1 (5 tokens) can grow to seq_length (14): at most 9 new tokens, 8 asked.
+  for (const auto& response : r.responses) EXPECT_LE(response.size(), 8u);
+}
+
+TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndRepeatWithTheSeed) {
+  torch::manual_seed(5);
+  llm::GptModel model(rolloutConfig());
+  model.module().eval();
+  RolloutOptions o;
+  o.n = 4;
+  o.max_response_length = 6;
+  o.sampling.temperature = 1.5;
+  at::Generator a = at::make_generator<at::CPUGeneratorImpl>(11), b = at::make_generator<at::CPUGeneratorImpl>(11);
+  const Rollout first = generate(model, {{1, 2}, {3, 4, 5}}, o, a);
+  const Rollout again = generate(model, {{1, 2}, {3, 4, 5}}, o, b);
+  EXPECT_EQ(first.responses, again.responses);
+  // Four samples of one prompt at temperature 1.5 over 16 tokens: not all equal.
+  EXPECT_FALSE(first.responses[0] == first.responses[1] && first.responses[1] == first.responses[2] &&
+               first.responses[2] == first.responses[3]);
+  for (const auto& response : first.responses) {
+    EXPECT_EQ(response.size(), 6u);  // no stop token
+    for (int64_t t : response) EXPECT_LT(t, 16);
+  }
 }
 
 }  // namespace

@@ -321,6 +321,8 @@ class GptModel : public StagedModel {
   at::Tensor decodeLogits(const at::Tensor& tokens, const at::Tensor& starts, KvCache& cache);
 
   const GptConfig& config() const { return config_; }
+  // The tensor-parallel group the model runs in (null or size 1: none).
+  const nn::TensorParallelState* tensorParallel() const { return tp_.get(); }
   // Number of parameter values this rank holds (the tied weight counted
   // once; under tensor parallelism its shards).
   int64_t numParameters() const;
