@@ -9,6 +9,8 @@
 #include <cmath>
 
 #include "core_algos.h"
+#include "ptrain/datasets/arithmetic.h"
+#include "reward.h"
 #include "rollout.h"
 #include "sampling.h"
 #include "ptrain/core/error.h"
@@ -207,6 +209,31 @@ TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndRepeatWithTheSeed) {
     EXPECT_EQ(response.size(), 6u);  // no stop token
     for (int64_t t : response) EXPECT_LT(t, 16);
   }
+}
+
+TEST(GrpoReward, ExactAnswerFormatAndMalformed) {
+  using Tok = datasets::ArithmeticTokenizer;
+  auto tokens = [](const std::string& text, bool eos) {
+    std::vector<int64_t> t = Tok::encode(text);
+    if (eos) t.push_back(Tok::kEos);
+    return t;
+  };
+  RewardOptions o;
+  o.format = 0.1;
+  EXPECT_EQ(arithmeticReward(tokens("432", true), "432", o), 1.0);
+  EXPECT_EQ(arithmeticReward(tokens("-17", true), "-17", o), 1.0);
+  EXPECT_EQ(arithmeticReward(tokens("431", true), "432", o), 0.1);   // a number, the wrong one
+  EXPECT_EQ(arithmeticReward(tokens("432", false), "432", o), 0.0);  // never ended
+  EXPECT_EQ(arithmeticReward(tokens("4+32", true), "432", o), 0.0);  // not a number
+  EXPECT_EQ(arithmeticReward(tokens("4-3", true), "432", o), 0.0);
+  EXPECT_EQ(arithmeticReward(tokens("", true), "432", o), 0.0);
+  EXPECT_EQ(arithmeticReward(tokens("-", true), "432", o), 0.0);
+  // What follows EOS does not count.
+  std::vector<int64_t> trailing = tokens("432", true);
+  trailing.push_back(Tok::kPlus);
+  EXPECT_EQ(arithmeticReward(trailing, "432"), 1.0);
+  // Without a format reward a wrong number earns nothing.
+  EXPECT_EQ(arithmeticReward(tokens("431", true), "432"), 0.0);
 }
 
 }  // namespace
