@@ -1,7 +1,11 @@
-// GRPO's algorithm (trainers/llm_grpo/core_algos.h) against values worked by
-// hand: group advantages with and without the standard deviation, the
-// clipped surrogate with dual clip under each aggregation mode (value,
-// clip fractions, approximate KL and gradient), the KL estimators, entropy.
+// GRPO's parts (trainers/llm_grpo) against values worked by hand or an
+// independent path: group advantages with and without the standard
+// deviation; the clipped surrogate with dual clip under each aggregation mode
+// (value, clip fractions, approximate KL, gradient) and the aggregation as
+// weights that any split of the batch sums alike; the KL estimators; entropy;
+// sampling (temperature, top-k, top-p, seeded draws); the rollout over the KV
+// cache against greedy decoding without one; the arithmetic reward; the
+// model's token log-probabilities against the log-softmax of its logits.
 #include <gtest/gtest.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -84,6 +88,29 @@ TEST(GrpoPolicyLoss, AggregationModes) {
   o.aggregation = LossAggregation::kTokenMean;
   o.clip_ratio_high = 0.3;
   EXPECT_NEAR(item(policyLoss(c.old_logp, c.logp, c.adv, c.mask, o).pg_loss), (-1.3 - 0.5 + 1.1 + 3) / 4, 1e-6);
+}
+
+TEST(GrpoPolicyLoss, AggregationAsWeightsSumsToTheSameOverAnySplit) {
+  torch::manual_seed(4);
+  const at::Tensor loss = torch::randn({6, 5});
+  const at::Tensor mask = torch::tensor({{1.f, 1.f, 1.f, 0.f, 0.f},
+                                         {1.f, 1.f, 1.f, 1.f, 1.f},
+                                         {1.f, 0.f, 0.f, 0.f, 0.f},
+                                         {1.f, 1.f, 0.f, 0.f, 0.f},
+                                         {1.f, 1.f, 1.f, 1.f, 0.f},
+                                         {1.f, 1.f, 1.f, 0.f, 0.f}});
+  for (auto mode : {LossAggregation::kTokenMean, LossAggregation::kSeqMeanTokenSum, LossAggregation::kSeqMeanTokenMean}) {
+    const AggregationWeights w = aggregationWeights(mask, mode);
+    const double whole = item(aggregateLoss(loss, mask, mode));
+    EXPECT_NEAR(item((w.weights * loss).sum()) / w.divisor, whole, 1e-6) << toString(mode);
+    // Rows 0-1 on one micro-batch (or rank), 2-5 on another.
+    const double split = (item((w.weights.narrow(0, 0, 2) * loss.narrow(0, 0, 2)).sum()) +
+                          item((w.weights.narrow(0, 2, 4) * loss.narrow(0, 2, 4)).sum())) /
+                         w.divisor;
+    EXPECT_NEAR(split, whole, 1e-6) << toString(mode);
+  }
+  EXPECT_DOUBLE_EQ(aggregationWeights(mask, LossAggregation::kTokenMean).divisor, 18.0);
+  EXPECT_DOUBLE_EQ(aggregationWeights(mask, LossAggregation::kSeqMeanTokenMean).divisor, 6.0);
 }
 
 TEST(GrpoKl, EstimatorsByHand) {
@@ -234,6 +261,22 @@ TEST(GrpoReward, ExactAnswerFormatAndMalformed) {
   EXPECT_EQ(arithmeticReward(trailing, "432"), 1.0);
   // Without a format reward a wrong number earns nothing.
   EXPECT_EQ(arithmeticReward(tokens("431", true), "432"), 0.0);
+}
+
+TEST(GrpoRollout, TokenLogProbsAreTheLogSoftmaxOfTheLogits) {
+  torch::manual_seed(6);
+  llm::GptModel model(rolloutConfig());
+  model.module().eval();
+  const at::Tensor tokens = torch::randint(0, 16, {2, 7}, torch::kInt64);
+  const at::Tensor targets = torch::randint(0, 16, {2, 7}, torch::kInt64);
+  Batch b;
+  b.tensors.emplace("tokens", tokens);
+  at::Tensor hidden = model.embed(b);
+  for (int i = 0; i < model.numBlocks(); ++i) hidden = model.runBlock(i, hidden);
+  const at::Tensor logp = model.tokenLogProbs(hidden, targets);
+  const at::Tensor reference = tokenLogProbs(model.logits(tokens), targets);
+  EXPECT_TRUE(torch::allclose(logp, reference, 1e-5, 1e-6));
+  EXPECT_TRUE(logp.requires_grad());
 }
 
 }  // namespace

@@ -399,6 +399,11 @@ LossOutput GptModel::head(const at::Tensor& hidden, const Batch& micro) {
   return out;
 }
 
+at::Tensor GptModel::tokenLogProbs(const at::Tensor& hidden, const at::Tensor& targets) {
+  PTRAIN_CHECK(root_->head, "gpt: tokenLogProbs() on a rank that did not build the head");
+  return -nn::vocabParallelCrossEntropy(root_->head(hidden), targets, config_.validVocab(), tp_.get(), false);
+}
+
 TensorParallelPlan GptModel::tensorParallelPlan() {
   TensorParallelPlan plan;
   if (root_->embed) plan.layers.emplace_back("embed.tokens.", root_->embed->tokens.get());

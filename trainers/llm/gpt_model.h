@@ -309,6 +309,12 @@ class GptModel : public StagedModel {
   std::vector<std::vector<int64_t>> greedyDecode(const std::vector<std::vector<int64_t>>& prompts,
                                                  int64_t maxNew, int64_t stopId, int64_t padId = 0);
 
+  // The log-probability of `targets` [B, T] under the head's logits of
+  // `hidden` (the last blocks' output, as head() takes it): float32 [B, T],
+  // differentiable, across the group when the vocabulary is split. What
+  // policy-gradient losses (GRPO's actor, its reference) are made of.
+  at::Tensor tokenLogProbs(const at::Tensor& hidden, const at::Tensor& targets);
+
   // Decoding with a KV cache: tokens [B, t] at positions starts[b] ..
   // starts[b] + t - 1 of each row (starts [B] int64; a prefill passes 0 and
   // the padded prompts, each step then one token per row at its row's next

@@ -62,6 +62,27 @@ at::Tensor aggregateLoss(const at::Tensor& loss, const at::Tensor& mask, LossAgg
   throw InternalError("aggregateLoss: unknown mode");
 }
 
+AggregationWeights aggregationWeights(const at::Tensor& mask, LossAggregation mode) {
+  PTRAIN_CHECK(mask.dim() == 2, "aggregationWeights: mask must be [batch, length], got ", mask.sizes());
+  const at::Tensor m = mask.to(torch::kFloat32);
+  AggregationWeights out;
+  switch (mode) {
+    case LossAggregation::kTokenMean:
+      out.weights = m;
+      out.divisor = std::max(1.0, m.sum().item<double>());
+      break;
+    case LossAggregation::kSeqMeanTokenSum:
+      out.weights = m;
+      out.divisor = static_cast<double>(std::max<int64_t>(1, m.size(0)));
+      break;
+    case LossAggregation::kSeqMeanTokenMean:
+      out.weights = m / m.sum(1, /*keepdim=*/true).clamp_min(1);
+      out.divisor = static_cast<double>(std::max<int64_t>(1, m.size(0)));
+      break;
+  }
+  return out;
+}
+
 PolicyLoss policyLoss(const at::Tensor& oldLogProb, const at::Tensor& logProb, const at::Tensor& advantages,
                       const at::Tensor& mask, const PolicyLossOptions& o) {
   PTRAIN_CHECK(o.clip_ratio_c > 1.0, "policyLoss: clip_ratio_c must be above 1, got ", o.clip_ratio_c);

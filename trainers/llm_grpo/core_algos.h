@@ -35,6 +35,18 @@ const char* toString(LossAggregation mode);
 // Reduces a per-token loss [batch, length] under `mask` to a scalar.
 at::Tensor aggregateLoss(const at::Tensor& loss, const at::Tensor& mask, LossAggregation mode);
 
+// The same aggregation as per-token weights and one divisor:
+// sum(weights * loss) / divisor equals aggregateLoss(loss, mask, mode) for
+// the rows given, and any split of those rows (micro-batches, data-parallel
+// ranks) sums to it, since the divisor is counted on them all (token-mean:
+// the mask's sum; the seq-mean modes: the number of rows, with weights 1 or
+// 1 / the row's tokens). Give it the whole mini-batch's mask.
+struct AggregationWeights {
+  at::Tensor weights;  // [batch, length]
+  double divisor = 1;
+};
+AggregationWeights aggregationWeights(const at::Tensor& mask, LossAggregation mode);
+
 // The mean of `values` over the tokens `mask` keeps.
 at::Tensor maskedMean(const at::Tensor& values, const at::Tensor& mask);
 
