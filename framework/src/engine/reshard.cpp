@@ -1,0 +1,56 @@
+#include "ptrain/engine/reshard.h"
+
+#include <torch/torch.h>
+
+#include <map>
+
+#include "ptrain/comm/communicator.h"
+#include "ptrain/comm/process_group.h"
+#include "ptrain/engine/runtime.h"
+
+namespace ptrain {
+namespace {
+
+// `local` gathered over `group` along `dim` (rank order = slice order).
+at::Tensor allGatherAlong(const at::Tensor& local, ProcessGroup& group, int dim) {
+  const at::Tensor front = local.transpose(0, dim).contiguous();
+  std::vector<int64_t> sizes = front.sizes().vec();
+  sizes[0] *= group.size();
+  at::Tensor gathered = torch::empty(sizes, front.options());
+  group.allgather(gathered, front)->wait();
+  return gathered.transpose(0, dim).contiguous();
+}
+
+}  // namespace
+
+void reshardParameters(ModelRuntime& from, ModelRuntime& to) {
+  PTRAIN_CHECK_AS(ConfigError, from.layout().sizes().pp == 1 && to.layout().sizes().pp == 1,
+                  "resharding '", from.name(), "' into '", to.name(), "': pipeline layouts are not supported yet ",
+                  "(pp ", from.layout().sizes().pp, " and ", to.layout().sizes().pp, "); use pp 1 for both");
+  torch::NoGradGuard noGrad;
+  std::map<std::string, at::Tensor> targets;
+  for (auto& [name, p] : to.model().localParameters()) targets.emplace(name, p);
+  size_t copied = 0;
+  // Every rank walks `from`'s parameters in the same order (without a
+  // pipeline every rank has them all), so the gathers line up.
+  for (auto& [name, p] : from.model().localParameters()) {
+    at::Tensor full = p.detach();
+    const ParameterPlacement& placement = from.model().placement.of(name);
+    for (auto it = placement.shards.rbegin(); it != placement.shards.rend(); ++it) {
+      full = allGatherAlong(full, *from.groups().group(it->axis), it->dim);
+    }
+    auto target = targets.find(name);
+    if (target == targets.end()) continue;
+    const at::Tensor slice = to.model().placement.of(name).sliceOfFull(full, name);
+    PTRAIN_CHECK_AS(CheckpointError, slice.sizes() == target->second.sizes(), "resharding '", from.name(),
+                    "' into '", to.name(), "': parameter ", name, " is ", slice.sizes(), " here but ",
+                    target->second.sizes(), " there: the two runtimes hold different models");
+    target->second.copy_(slice);
+    ++copied;
+  }
+  PTRAIN_CHECK_AS(CheckpointError, copied == targets.size(), "resharding '", from.name(), "' into '", to.name(),
+                  "': ", targets.size() - copied, " of its parameters are not in '", from.name(),
+                  "': the two runtimes hold different models");
+}
+
+}  // namespace ptrain
