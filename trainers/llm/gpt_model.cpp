@@ -404,6 +404,13 @@ at::Tensor GptModel::tokenLogProbs(const at::Tensor& hidden, const at::Tensor& t
   return -nn::vocabParallelCrossEntropy(root_->head(hidden), targets, config_.validVocab(), tp_.get(), false);
 }
 
+at::Tensor GptModel::vocabularyLogits(const at::Tensor& hidden) {
+  PTRAIN_CHECK(root_->head, "gpt: vocabularyLogits() on a rank that did not build the head");
+  at::Tensor logits = root_->head(hidden);
+  if (nn::isActive(tp_.get())) logits = nn::gatherFromTpRegion(logits, *tp_);
+  return logits.narrow(-1, 0, config_.validVocab()).to(torch::kFloat32);
+}
+
 TensorParallelPlan GptModel::tensorParallelPlan() {
   TensorParallelPlan plan;
   if (root_->embed) plan.layers.emplace_back("embed.tokens.", root_->embed->tokens.get());

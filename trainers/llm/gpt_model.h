@@ -314,6 +314,11 @@ class GptModel : public StagedModel {
   // differentiable, across the group when the vocabulary is split. What
   // policy-gradient losses (GRPO's actor, its reference) are made of.
   at::Tensor tokenLogProbs(const at::Tensor& hidden, const at::Tensor& targets);
+  // The head's logits of `hidden` over the whole valid vocabulary (gathered
+  // across the group when it is split; the padding entries dropped):
+  // float32 [B, T, validVocab()], differentiable. For the entropy of the
+  // policy.
+  at::Tensor vocabularyLogits(const at::Tensor& hidden);
 
   // Decoding with a KV cache: tokens [B, t] at positions starts[b] ..
   // starts[b] + t - 1 of each row (starts [B] int64; a prefill passes 0 and

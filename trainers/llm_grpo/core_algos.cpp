@@ -100,8 +100,8 @@ PolicyLoss policyLoss(const at::Tensor& oldLogProb, const at::Tensor& logProb, c
   const at::Tensor negative = advantages.lt(0);
   out.pg_clipfrac_lower =
       maskedMean((clipLoss.gt(bound) & negative).to(torch::kFloat32), mask).detach();
-  const at::Tensor perToken = torch::where(negative, dualClipped, clipLoss);
-  out.pg_loss = aggregateLoss(perToken, mask, o.aggregation);
+  out.per_token = torch::where(negative, dualClipped, clipLoss);
+  out.pg_loss = aggregateLoss(out.per_token, mask, o.aggregation);
   return out;
 }
 

@@ -58,6 +58,7 @@ struct PolicyLossOptions {
 };
 
 struct PolicyLoss {
+  at::Tensor per_token;          // [batch, length] before aggregation, differentiable
   at::Tensor pg_loss;            // scalar, differentiable in log_prob
   at::Tensor pg_clipfrac;        // share of tokens where the clipped term was taken
   at::Tensor ppo_kl;             // mean of old - new log-probability
