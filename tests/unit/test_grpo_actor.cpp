@@ -9,6 +9,7 @@
 
 #include "actor.h"
 #include "llm_runtime_fixture.h"
+#include "ppo_batch.h"
 
 namespace ptrain {
 namespace {
@@ -85,6 +86,46 @@ TEST(GrpoActor, UpdateEqualsTheDirectLossStepOverAnyMicroBatchSplit) {
       EXPECT_NEAR(stats.entropy, grpo::maskedMean(entropy, mask).item<double>(), 1e-5) << mode;
     }
   }
+}
+
+TEST(GrpoPpoBatch, SequencesTargetsMaskAndAdvantagesByHand) {
+  grpo::Rollout r;
+  r.prompts = {{5, 6, 7}, {8, 9}};
+  r.responses = {{10, 1}, {}};
+  const Batch b = grpo::ppoBatch(r, torch::tensor({0.5f, -1.f}), 0);
+  EXPECT_TRUE(torch::equal(b.at("tokens"), torch::tensor({{5L, 6L, 7L, 10L}, {8L, 9L, 0L, 0L}})));
+  EXPECT_TRUE(torch::equal(b.at("targets"), torch::tensor({{6L, 7L, 10L, 1L}, {9L, 0L, 0L, 0L}})));
+  EXPECT_TRUE(torch::equal(b.at("response_mask"), torch::tensor({{0.f, 0.f, 1.f, 1.f}, {0.f, 0.f, 0.f, 0.f}})));
+  EXPECT_TRUE(torch::equal(b.at("advantages"), torch::tensor({{0.f, 0.f, 0.5f, 0.5f}, {0.f, 0.f, 0.f, 0.f}})));
+}
+
+TEST(GrpoPpoBatch, TargetLogProbsOnAnyLayoutEqualOneRanksLogSoftmax) {
+  llm::LlmTrainer trainer{PluginContext{}};
+  const Recipe recipe = llmRecipe(trainer, {"model.dropout=0"});
+  trainer.setup(recipe);
+  auto build = [&](const ModelBuild& b) { return trainer.buildModel(b); };
+  auto single = Communicator::loopback();
+  ModelRuntime one(*single, registry(), build, llmOptions(recipe, single->layout(), false));
+  auto& model = static_cast<llm::GptModel&>(one.model());
+  torch::manual_seed(8);
+  Batch b;
+  b.tensors["tokens"] = torch::randint(2, 16, {8, 8}, torch::kInt64);
+  b.tensors["targets"] = torch::randint(2, 16, {8, 8}, torch::kInt64);
+  at::Tensor expected;
+  {
+    torch::NoGradGuard noGrad;
+    model.module().eval();
+    expected = grpo::tokenLogProbs(model.logits(b.at("tokens")).narrow(-1, 0, model.config().validVocab()),
+                                   b.at("targets"));
+  }
+  EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(one, b, 4), expected, 1e-5, 1e-6));
+  const std::string failures = test::runRanks(4, [&](int rank, int size, int port) {
+    auto comm = worldOf(rank, size, port, layoutOf(size, 2, 1));
+    ModelRuntime rt(*comm, registry(), build, llmOptions(recipe, comm->layout(), false));
+    // tp 2 x dp 2: each data-parallel rank takes 4 rows in micro-batches of 2.
+    EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(rt, b, 2), expected, 1e-5, 1e-6)) << "rank " << rank;
+  });
+  EXPECT_EQ(failures, "");
 }
 
 }  // namespace
