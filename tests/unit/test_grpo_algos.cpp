@@ -167,17 +167,29 @@ TEST(GrpoSampling, TemperatureTopKAndTopPByHand) {
   expectProbs(samplingProbs(fourLogits(), o), {0, 0, 0, 1});
 }
 
-TEST(GrpoSampling, DrawsFollowTheDistributionAndRepeatWithTheSeed) {
+std::vector<at::Generator> generators(int64_t rows, uint64_t seed) {
+  std::vector<at::Generator> out;
+  for (int64_t r = 0; r < rows; ++r) out.push_back(rowGenerator(seed, r));
+  return out;
+}
+
+TEST(GrpoSampling, DrawsFollowTheDistributionAndDependOnTheRowsOwnStream) {
   SamplingOptions o;
   const at::Tensor logits = fourLogits().expand({20000, 4}).contiguous();
-  at::Generator first = at::make_generator<at::CPUGeneratorImpl>(7);
-  at::Generator second = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto first = generators(20000, 7), second = generators(20000, 7);
   const at::Tensor a = sampleTokens(logits, o, first);
   EXPECT_TRUE(torch::equal(a, sampleTokens(logits, o, second)));
   for (int64_t token = 0; token < 4; ++token) {
     EXPECT_NEAR(a.eq(token).to(torch::kFloat64).mean().item<double>(), 0.1 * static_cast<double>(token + 1), 0.01)
         << token;
   }
+  // Row 5 alone, with its own stream, draws what it drew among 20000 rows.
+  std::vector<at::Generator> alone = {rowGenerator(7, 5)};
+  EXPECT_EQ(sampleTokens(fourLogits(), o, alone)[0].item<int64_t>(), a[5].item<int64_t>());
+  // A token of probability 0 is never drawn.
+  o.top_k = 2;
+  const at::Tensor filtered = sampleTokens(logits, o, first);
+  EXPECT_TRUE(filtered.ge(2).all().item<bool>());
   o.top_k = 1;
   EXPECT_TRUE(sampleTokens(logits, o, first).eq(3).all().item<bool>());
 }
@@ -202,8 +214,7 @@ TEST(GrpoRollout, GreedyRolloutWithTheCacheEqualsGreedyDecodingWithout) {
   o.n = 2;
   o.max_response_length = 8;
   o.stop_id = 3;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  const Rollout r = generate(model, prompts, o, gen);
+  const Rollout r = generate(model, prompts, o);
   // The model's own greedy decoding recomputes every prefix (no cache).
   const auto reference = model.greedyDecode(prompts, o.max_response_length, o.stop_id);
   ASSERT_EQ(r.responses.size(), 6u);
@@ -217,7 +228,7 @@ TEST(GrpoRollout, GreedyRolloutWithTheCacheEqualsGreedyDecodingWithout) {
   for (const auto& response : r.responses) EXPECT_LE(response.size(), 8u);
 }
 
-TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndRepeatWithTheSeed) {
+TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndDependOnTheirRowAlone) {
   torch::manual_seed(5);
   llm::GptModel model(rolloutConfig());
   model.module().eval();
@@ -225,10 +236,9 @@ TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndRepeatWithTheSeed) {
   o.n = 4;
   o.max_response_length = 6;
   o.sampling.temperature = 1.5;
-  at::Generator a = at::make_generator<at::CPUGeneratorImpl>(11), b = at::make_generator<at::CPUGeneratorImpl>(11);
-  const Rollout first = generate(model, {{1, 2}, {3, 4, 5}}, o, a);
-  const Rollout again = generate(model, {{1, 2}, {3, 4, 5}}, o, b);
-  EXPECT_EQ(first.responses, again.responses);
+  o.seed = 11;
+  const Rollout first = generate(model, {{1, 2}, {3, 4, 5}}, o);
+  EXPECT_EQ(generate(model, {{1, 2}, {3, 4, 5}}, o).responses, first.responses);
   // Four samples of one prompt at temperature 1.5 over 16 tokens: not all equal.
   EXPECT_FALSE(first.responses[0] == first.responses[1] && first.responses[1] == first.responses[2] &&
                first.responses[2] == first.responses[3]);
@@ -236,6 +246,10 @@ TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndRepeatWithTheSeed) {
     EXPECT_EQ(response.size(), 6u);  // no stop token
     for (int64_t t : response) EXPECT_LT(t, 16);
   }
+  // The second prompt's samples generated on their own (as another
+  // data-parallel rank would, from row 4 on) are the same.
+  const Rollout second = generate(model, {{3, 4, 5}}, o, 4);
+  for (size_t s = 0; s < 4; ++s) EXPECT_EQ(second.responses[s], first.responses[4 + s]) << s;
 }
 
 TEST(GrpoReward, ExactAnswerFormatAndMalformed) {

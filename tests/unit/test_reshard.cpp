@@ -29,8 +29,7 @@ std::vector<std::vector<int64_t>> greedy(ModelRuntime& rt, const std::vector<std
   grpo::RolloutOptions o;
   o.sampling.temperature = 0;
   o.max_response_length = 4;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  return grpo::generate(model, prompts, o, gen).responses;
+  return grpo::generate(model, prompts, o).responses;
 }
 
 TEST(Reshard, ActorWeightsReachRolloutsOfOtherTensorParallelSizes) {

@@ -11,7 +11,7 @@
 namespace ptrain::grpo {
 
 Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                 const RolloutOptions& o, at::Generator& generator) {
+                 const RolloutOptions& o, int64_t firstRow) {
   PTRAIN_CHECK(o.n >= 1 && o.max_response_length >= 0, "generate: n ", o.n, " and max_response_length ",
                o.max_response_length, " out of range");
   torch::NoGradGuard noGrad;
@@ -37,6 +37,8 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
     length[static_cast<size_t>(r)] = static_cast<int64_t>(p.size());
   }
 
+  std::vector<at::Generator> generators;
+  for (int64_t r = 0; r < rows; ++r) generators.push_back(rowGenerator(o.seed, firstRow + r));
   llm::KvCache cache;
   const nn::TensorParallelState* tp = model.tensorParallel();
   // Logits of the whole vocabulary (gathered across the group), with the
@@ -57,7 +59,7 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
   at::Tensor next = logits.index({torch::arange(rows, torch::kInt64).to(device), torch::tensor(last, torch::kInt64).to(device)});
   std::vector<char> done(out.prompts.size(), 0);
   for (int64_t step = 0; step < o.max_response_length; ++step) {
-    const at::Tensor tokens = sampleTokens(wholeVocabulary(next), o.sampling, generator);
+    const at::Tensor tokens = sampleTokens(wholeVocabulary(next), o.sampling, generators);
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
       if (done[static_cast<size_t>(r)]) continue;

@@ -1,15 +1,14 @@
 // The rollout: sampling responses to prompts with the GPT's KV cache
 // (GptModel::decodeLogits), `n` samples per prompt, batched over prompts of
-// any lengths. The same generator seed gives the same tokens on every rank of
-// a tensor-parallel group (each gathers the whole vocabulary's logits and
-// draws from the same stream), and on any tensor-parallel size up to float
-// rounding of the logits.
+// any lengths. Sample `row` draws from its own generator (rowGenerator(seed,
+// row)), so its tokens are the same on every rank of a tensor-parallel group
+// (each gathers the whole vocabulary's logits), on any tensor-parallel size
+// up to float rounding of the logits, and whichever data-parallel rank or
+// batch generates it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
-
-#include <ATen/core/Generator.h>
 
 #include "gpt_model.h"
 #include "sampling.h"
@@ -22,6 +21,7 @@ struct RolloutOptions {
   int64_t max_response_length = 16;   // new tokens at most (data.max_response_length)
   int64_t stop_id = -1;               // a response ends after this token (-1: none)
   int64_t pad_id = 0;                 // fills prompts to the batch's longest
+  uint64_t seed = 0;                  // with the row's index, seeds each sample's draws
 };
 
 struct Rollout {
@@ -30,11 +30,13 @@ struct Rollout {
   std::vector<std::vector<int64_t>> responses;  // each row's new tokens, ending with stop_id when emitted
 };
 
-// Samples the responses. Every rank of the model's tensor-parallel group must
-// call it with the same prompts and an equally seeded generator. Runs under
-// NoGradGuard; call model.module().eval() first for dropout-free sampling.
-// A response also ends where prompt + response would pass seq_length.
+// Samples the responses; `firstRow` is the index of this call's first sample
+// in the whole rollout (a data-parallel rank's share starts later). Every
+// rank of the model's tensor-parallel group must call it with the same
+// prompts. Runs under NoGradGuard; call model.module().eval() first for
+// dropout-free sampling. A response also ends where prompt + response would
+// pass seq_length.
 Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                 const RolloutOptions& options, at::Generator& generator);
+                 const RolloutOptions& options, int64_t firstRow = 0);
 
 }  // namespace ptrain::grpo

@@ -1,10 +1,12 @@
 // Sampling the next token for the rollout (actor_rollout_ref.rollout.*):
 // temperature, top-k and top-p (nucleus) filtering of the logits, then one
-// draw per row from a generator the caller seeds, so the same seed gives the
-// same tokens on every layout.
+// draw per row from that row's own generator, so a row's tokens depend on its
+// seed alone: not on the rows it is batched with, the rank it runs on or the
+// layout.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -25,8 +27,14 @@ struct SamplingOptions {
 // Returns float32 [rows, vocab].
 at::Tensor samplingProbs(const at::Tensor& logits, const SamplingOptions& options);
 
-// One token per row of `logits` [rows, vocab], drawn from samplingProbs with
-// `generator` (a CPU generator: the draws are the same on every device).
-at::Tensor sampleTokens(const at::Tensor& logits, const SamplingOptions& options, at::Generator& generator);
+// One token per row of `logits` [rows, vocab]: row r's token is the inverse
+// of samplingProbs' cumulative distribution at one uniform draw from
+// generators[r] (CPU generators: the same draws on every device). Each
+// generator advances by one draw per call.
+at::Tensor sampleTokens(const at::Tensor& logits, const SamplingOptions& options,
+                        std::vector<at::Generator>& generators);
+
+// The generator of sample `row` of a rollout seeded with `seed`.
+at::Generator rowGenerator(uint64_t seed, int64_t row);
 
 }  // namespace ptrain::grpo
