@@ -2,8 +2,9 @@
 // to its rollout: on four forked ranks, an actor at tp 2 x dp 2 takes a
 // training step, then its weights go to rollouts at tp 1 x dp 4 and tp 4.
 // Each rollout's shards equal the slices of one rank's model after the same
-// step (an independent run on a single rank), and greedy generation on the
-// rollouts gives that model's tokens.
+// step (an independent run on a single rank), and generation on the rollouts
+// (greedy, and sampled with the samples shared over their data-parallel
+// ranks) gives that model's tokens.
 #include <gtest/gtest.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -32,6 +33,16 @@ std::vector<std::vector<int64_t>> greedy(ModelRuntime& rt, const std::vector<std
   return grpo::generate(model, prompts, o).responses;
 }
 
+// Four samples per prompt at temperature 1, up to 5 tokens, stopping at EOS.
+grpo::RolloutOptions sampling() {
+  grpo::RolloutOptions o;
+  o.n = 4;
+  o.max_response_length = 5;
+  o.stop_id = 1;
+  o.seed = 17;
+  return o;
+}
+
 TEST(Reshard, ActorWeightsReachRolloutsOfOtherTensorParallelSizes) {
   llm::LlmTrainer trainer{PluginContext{}};
   // SGD: an update proportional to the gradient. (Adam's first step moves a
@@ -48,6 +59,11 @@ TEST(Reshard, ActorWeightsReachRolloutsOfOtherTensorParallelSizes) {
   llmStep(reference, trainer, 0, 2);
   const auto full = weightsOf(reference);
   const auto tokens = greedy(reference, prompts);
+  std::vector<std::vector<int64_t>> sampled;
+  reference.inference([&](StagedModel& m, const EvalContext&) {
+    sampled = grpo::generate(static_cast<llm::GptModel&>(m), prompts, sampling()).responses;
+  });
+  ASSERT_EQ(sampled.size(), 8u);
 
   const std::string failures = test::runRanks(4, [&](int rank, int size, int port) {
     auto comm = worldOf(rank, size, port, layoutOf(size, 2, 1));
@@ -66,6 +82,9 @@ TEST(Reshard, ActorWeightsReachRolloutsOfOtherTensorParallelSizes) {
         EXPECT_TRUE(torch::allclose(p, expected, 1e-5, 1e-6)) << "tp " << tp << " " << name;
       }
       EXPECT_EQ(greedy(rollout, prompts), tokens) << "tp " << tp;
+      // Sampled, with the samples shared over the rollout's data-parallel
+      // ranks (4 at tp 1, 1 at tp 4): one rank's tokens for the same seed.
+      EXPECT_EQ(grpo::generateOnLayout(rollout, prompts, sampling()).responses, sampled) << "tp " << tp;
     }
   });
   EXPECT_EQ(failures, "");

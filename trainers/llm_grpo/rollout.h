@@ -13,6 +13,10 @@
 #include "gpt_model.h"
 #include "sampling.h"
 
+namespace ptrain {
+class ModelRuntime;
+}
+
 namespace ptrain::grpo {
 
 struct RolloutOptions {
@@ -38,5 +42,14 @@ struct Rollout {
 // pass seq_length.
 Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& prompts,
                  const RolloutOptions& options, int64_t firstRow = 0);
+
+// The whole rollout on `runtime`'s layout (a GPT, pp 1): its data-parallel
+// ranks share the samples (rank d of D generates rows [d k, (d + 1) k) with
+// k = rows / D, each row seeded by its index as above), and every rank ends
+// with all of them, so the result is the same on any layout. The model runs
+// in eval mode. Collective over the world. Throws ConfigError when the
+// samples (prompts x n) do not divide by the data-parallel size.
+Rollout generateOnLayout(ModelRuntime& runtime, const std::vector<std::vector<int64_t>>& prompts,
+                         const RolloutOptions& options);
 
 }  // namespace ptrain::grpo
