@@ -1,0 +1,94 @@
+#include "grpo_step.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "ppo_batch.h"
+#include "ptrain/core/error.h"
+#include "ptrain/engine/reshard.h"
+#include "ptrain/engine/runtime.h"
+
+namespace ptrain::grpo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+}  // namespace
+
+GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime* reference,
+                        const std::vector<std::vector<int64_t>>& prompts, const RewardFunction& reward,
+                        const GrpoOptions& o, int64_t step) {
+  GrpoStepResult out;
+  auto& m = out.metrics;
+  const int64_t n = o.rollout.n;
+  const auto start = Clock::now();
+
+  auto t = Clock::now();
+  reshardParameters(actor, rollout);
+  m["timing_s/reshard"] = since(t);
+
+  t = Clock::now();
+  RolloutOptions sampling = o.rollout;
+  sampling.seed = o.rollout.seed * 1000003ULL + static_cast<uint64_t>(step);
+  out.rollout = generateOnLayout(rollout, prompts, sampling);
+  m["timing_s/gen"] = since(t);
+
+  const int64_t rows = static_cast<int64_t>(out.rollout.responses.size());
+  double responseTokens = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto& response = out.rollout.responses[static_cast<size_t>(r)];
+    out.scores.push_back(reward(r / n, response));
+    responseTokens += static_cast<double>(response.size());
+  }
+  const at::Tensor scores = torch::tensor(out.scores, torch::kFloat64).to(torch::kFloat32);
+  m["critic/score/mean"] = scores.mean().item<double>();
+  m["critic/score/max"] = scores.max().item<double>();
+  m["critic/score/min"] = scores.min().item<double>();
+  m["response_length/mean"] = responseTokens / static_cast<double>(std::max<int64_t>(1, rows));
+
+  const at::Tensor advantages = groupAdvantages(scores, n, o.norm_adv_by_std_in_grpo);
+  Batch batch = ppoBatch(out.rollout, advantages, o.rollout.pad_id);
+  m["critic/advantages/mean"] = maskedMean(batch.at("advantages"), batch.at("response_mask")).item<double>();
+
+  t = Clock::now();
+  batch.tensors["old_log_probs"] = targetLogProbs(actor, batch, o.log_prob_micro_batch_size);
+  m["timing_s/old_log_prob"] = since(t);
+  t = Clock::now();
+  batch.tensors["ref_log_probs"] =
+      reference != nullptr ? targetLogProbs(*reference, batch, o.log_prob_micro_batch_size)
+                           : batch.at("old_log_probs");
+  m["timing_s/ref"] = since(t);
+
+  // PPO epochs over mini-batches of whole prompt groups.
+  t = Clock::now();
+  const int64_t prompts_ = static_cast<int64_t>(prompts.size());
+  const int64_t mini = o.ppo_mini_batch_size > 0 ? o.ppo_mini_batch_size : prompts_;
+  PTRAIN_CHECK_AS(ConfigError, prompts_ % mini == 0, "ppo_mini_batch_size=", mini, " does not divide the ",
+                  prompts_, " prompts of a step");
+  std::map<std::string, double> sums;
+  int64_t updates = 0;
+  for (int64_t epoch = 0; epoch < o.ppo_epochs; ++epoch) {
+    for (int64_t first = 0; first < prompts_; first += mini) {
+      const Batch slice = batch.slice(first * n, (first + mini) * n);
+      const ActorStats s = updateActor(actor, slice, o.actor, step * 1000 + updates);
+      sums["actor/pg_loss"] += s.pg_loss;
+      sums["actor/pg_clipfrac"] += s.pg_clipfrac;
+      sums["actor/pg_clipfrac_lower"] += s.pg_clipfrac_lower;
+      sums["actor/ppo_kl"] += s.ppo_kl;
+      sums["actor/kl_loss"] += s.kl_loss;
+      sums["actor/entropy"] += s.entropy;
+      sums["actor/grad_norm"] += s.grad_norm;
+      ++updates;
+    }
+  }
+  for (const auto& [k, v] : sums) m[k] = v / static_cast<double>(std::max<int64_t>(1, updates));
+  m["timing_s/update_actor"] = since(t);
+  m["timing_s/step"] = since(start);
+  m["perf/throughput"] = responseTokens / std::max(1e-9, m["timing_s/step"]);
+  return out;
+}
+
+}  // namespace ptrain::grpo
