@@ -1,7 +1,8 @@
 // `ptrain doctor` on real failures produced here: a worker killed mid-step, a
 // collective that times out behind a stuck rank, a worker over its memory cap
 // (train.max_memory_mb), a diverging fp16 run, a plugin built for another
-// ABI, a layout that does not fit its world, a configuration error; and a
+// ABI, a layout that does not fit its world, a GRPO rollout whose size does
+// not fit the actor's world, a configuration error; and a
 // healthy run, which it leaves alone. Each run goes through `ptrain run`,
 // whose launcher records launch.log and exit.json in the run folder.
 #include <gtest/gtest.h>
@@ -156,6 +157,19 @@ TEST(Doctor, ALayoutThatDoesNotFitItsWorldIsAMismatch) {
   EXPECT_EQ(run.exit_code, 2) << run.output;
   const std::string log = tmp.write("run.log", run.output);
   expectDiagnosis(doctor(log), "layout mismatch", {"world size 3 is not divisible by", "ptrain check RECIPE"});
+}
+
+TEST(Doctor, AnActorAndRolloutThatDoNotFitTheWorldAreAMismatch) {
+  TempDir tmp;
+  auto run = runPtrain({"run", ptrain::test::sourceDir() + "/configs/grpo/arith_grpo.yaml", "--run-dir",
+                        tmp.path() + "/run", "--nproc", "4", "launch.nproc=4",
+                        "actor_rollout_ref.rollout.tensor_model_parallel_size=3"},
+                       {}, 120);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  const std::string log = tmp.write("run.log", run.output);
+  expectDiagnosis(doctor(log), "layout mismatch",
+                  {"actor_rollout_ref.rollout.tensor_model_parallel_size=3 does not divide the world size 4",
+                   "actor_rollout_ref.rollout.tensor_model_parallel_size=0"});
 }
 
 TEST(Doctor, AMisspelledKeyIsAConfigurationError) {

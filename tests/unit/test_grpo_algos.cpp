@@ -246,6 +246,11 @@ TEST(GrpoRollout, SamplesDifferAcrossTheGroupAndDependOnTheirRowAlone) {
     EXPECT_EQ(response.size(), 6u);  // no stop token
     for (int64_t t : response) EXPECT_LT(t, 16);
   }
+  // A prompt of 12 tokens at seq_length 14 leaves room for 3 new ones: the
+  // model reads 14 positions and the last token is only a target.
+  for (const auto& response : generate(model, {std::vector<int64_t>(12, 2)}, o).responses) {
+    EXPECT_EQ(response.size(), 3u);
+  }
   // The second prompt's samples generated on their own (as another
   // data-parallel rank would, from row 4 on) are the same.
   const Rollout second = generate(model, {{3, 4, 5}}, o, 4);
@@ -291,6 +296,87 @@ TEST(GrpoRollout, TokenLogProbsAreTheLogSoftmaxOfTheLogits) {
   const at::Tensor reference = tokenLogProbs(model.logits(tokens), targets);
   EXPECT_TRUE(torch::allclose(logp, reference, 1e-5, 1e-6));
   EXPECT_TRUE(logp.requires_grad());
+}
+
+}  // namespace
+}  // namespace ptrain::grpo
+
+#include "checks.h"
+
+namespace ptrain::grpo {
+namespace {
+
+TEST(GrpoChecks, VerlsKnownFailuresOneLineEachWithTheFix) {
+  GrpoLayoutRequest ok;
+  ok.world = 4;
+  ok.train_batch_size = 8;
+  ok.rollout_n = 4;
+  ok.actor_tp = 2;
+  ok.rollout_tp = 1;
+  ok.ppo_mini_batch_size = 4;
+  ok.ppo_micro_batch_size_per_gpu = 2;
+  ok.num_attention_heads = 4;
+  ok.padded_vocab = 128;
+  EXPECT_TRUE(checkGrpoLayout(ok).empty());
+
+  auto only = [](const GrpoLayoutRequest& q) {
+    const auto problems = checkGrpoLayout(q);
+    EXPECT_EQ(problems.size(), 1u);
+    return problems.empty() ? std::string() : problems.front();
+  };
+  GrpoLayoutRequest q = ok;
+  q.rollout_tp = 3;
+  q.num_attention_heads = 0;
+  q.padded_vocab = 0;
+  EXPECT_EQ(only(q), "actor_rollout_ref.rollout.tensor_model_parallel_size=3 does not divide the world size 4: "
+                     "use 1, 2, 4");
+  q = ok;
+  q.rollout_tp = 4;
+  q.train_batch_size = 3;
+  q.ppo_mini_batch_size = 3;
+  q.rollout_n = 1;
+  // 3 samples over the actor's dp 2 x micro 2.
+  EXPECT_EQ(only(q), "data.train_batch_size * rollout.n = 3 samples do not split into the actor's 2 data-parallel "
+                     "ranks x actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2: use data.train_batch_size 4");
+  q = ok;
+  q.actor_tp = 4;
+  q.ppo_micro_batch_size_per_gpu = 1;
+  q.train_batch_size = 3;
+  q.ppo_mini_batch_size = 3;
+  q.rollout_n = 2;
+  // 6 samples over the rollout's 4 data-parallel ranks.
+  EXPECT_EQ(only(q), "data.train_batch_size * rollout.n = 6 samples do not split into the rollout's 4 data-parallel "
+                     "ranks (world 4 / actor_rollout_ref.rollout.tensor_model_parallel_size 1): use "
+                     "data.train_batch_size 2 or 4");
+  q = ok;
+  q.ppo_mini_batch_size = 3;
+  EXPECT_EQ(only(q), "actor_rollout_ref.actor.ppo_mini_batch_size=3 does not divide data.train_batch_size=8: "
+                     "use 1, 2, 4, 8");
+  q = ok;
+  q.ppo_mini_batch_size = 16;
+  EXPECT_EQ(only(q), "actor_rollout_ref.actor.ppo_mini_batch_size=16 is above data.train_batch_size=8: a mini-batch "
+                     "is part of a step's prompts; use at most 8");
+  q = ok;
+  q.ppo_mini_batch_size = 1;
+  q.rollout_n = 2;
+  q.ppo_micro_batch_size_per_gpu = 2;
+  // 2 samples per mini-batch over dp 2 x micro 2.
+  EXPECT_EQ(only(q), "actor_rollout_ref.actor.ppo_mini_batch_size=1 (x rollout.n = 2 samples) does not split into "
+                     "2 data-parallel ranks x ppo_micro_batch_size_per_gpu=2: make ppo_mini_batch_size * rollout.n "
+                     "a multiple of 4");
+  q = ok;
+  q.num_attention_heads = 6;
+  q.actor_tp = 1;
+  q.rollout_tp = 4;
+  q.ppo_micro_batch_size_per_gpu = 1;
+  EXPECT_EQ(only(q), "actor_rollout_ref.rollout.tensor_model_parallel_size=4 does not divide "
+                     "model.num_attention_heads=6: use 1, 2, 3, 6");
+  q = ok;
+  q.padded_vocab = 6;
+  q.rollout_tp = 4;
+  q.num_attention_heads = 4;
+  EXPECT_EQ(only(q), "actor_rollout_ref.rollout.tensor_model_parallel_size=4 does not divide the padded vocabulary "
+                     "of 6 rows: use a model.make_vocab_size_divisible_by that it divides");
 }
 
 }  // namespace

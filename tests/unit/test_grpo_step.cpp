@@ -25,6 +25,7 @@ grpo::GrpoOptions options() {
   o.actor.kl_loss_coef = 0.1;
   o.ppo_mini_batch_size = 2;
   o.log_prob_micro_batch_size = 2;
+  o.ref_log_prob_micro_batch_size = 2;
   return o;
 }
 

@@ -38,6 +38,10 @@ ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorO
     if (o.entropy_coeff > 0) {
       entropy = entropyFromLogits(gpt.vocabularyLogits(hidden));
       perToken = perToken - o.entropy_coeff * entropy;
+    } else {
+      // Reported (actor/entropy) whether or not it is in the loss.
+      torch::NoGradGuard noGrad;
+      entropy = entropyFromLogits(gpt.vocabularyLogits(hidden.detach()));
     }
     {
       torch::NoGradGuard noGrad;

@@ -21,7 +21,7 @@ struct ActorOptions {
   bool use_kl_loss = true;       // actor.use_kl_loss
   double kl_loss_coef = 0.001;   // actor.kl_loss_coef
   KlEstimator kl_loss_type = KlEstimator::kLowVarKl;
-  double entropy_coeff = 0;      // actor.entropy_coeff (0: no entropy computed)
+  double entropy_coeff = 0;      // actor.entropy_coeff (0: entropy reported, not in the loss)
   int64_t micro_batch_size = 0;  // rows per micro-batch on a rank (ppo_micro_batch_size_per_gpu); 0: all
 };
 

@@ -58,7 +58,7 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
   m["timing_s/old_log_prob"] = since(t);
   t = Clock::now();
   batch.tensors["ref_log_probs"] =
-      reference != nullptr ? targetLogProbs(*reference, batch, o.log_prob_micro_batch_size)
+      reference != nullptr ? targetLogProbs(*reference, batch, o.ref_log_prob_micro_batch_size)
                            : batch.at("old_log_probs");
   m["timing_s/ref"] = since(t);
 
@@ -88,6 +88,7 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
   m["timing_s/update_actor"] = since(t);
   m["timing_s/step"] = since(start);
   m["perf/throughput"] = responseTokens / std::max(1e-9, m["timing_s/step"]);
+  out.batch = std::move(batch);
   return out;
 }
 

@@ -26,7 +26,8 @@ struct GrpoOptions {
   bool norm_adv_by_std_in_grpo = true;
   int64_t ppo_mini_batch_size = 0;    // prompts per mini-batch (each brings its n samples); 0: all
   int64_t ppo_epochs = 1;
-  int64_t log_prob_micro_batch_size = 0;  // rows per micro-batch for the old and reference log-probabilities
+  int64_t log_prob_micro_batch_size = 0;      // rows per micro-batch of the old log-probabilities (rollout.*)
+  int64_t ref_log_prob_micro_batch_size = 0;  // the same for the reference's (ref.*)
 };
 
 // The score of response `response` to prompt `prompt` (an index into the batch).
@@ -35,6 +36,9 @@ using RewardFunction = std::function<double(int64_t prompt, const std::vector<in
 struct GrpoStepResult {
   Rollout rollout;
   std::vector<double> scores;             // per sample
+  // The PPO batch the actor trained on (ppoBatch): tokens, targets,
+  // response_mask, advantages, old_log_probs, ref_log_probs.
+  Batch batch;
   std::map<std::string, double> metrics;  // actor/pg_loss, critic/score/mean, timing_s/gen, ...
 };
 

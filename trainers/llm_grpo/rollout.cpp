@@ -69,7 +69,9 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
       const int64_t t = tokens[r].item<int64_t>();
       out.responses[static_cast<size_t>(r)].push_back(t);
       ++length[static_cast<size_t>(r)];
-      if (t == o.stop_id || length[static_cast<size_t>(r)] >= config.seq_length) {
+      // The model reads seq_length positions; a sequence's last token is
+      // never read, so a row holds at most seq_length + 1 tokens.
+      if (t == o.stop_id || length[static_cast<size_t>(r)] > config.seq_length) {
         done[static_cast<size_t>(r)] = 1;
       } else {
         any = true;

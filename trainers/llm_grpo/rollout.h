@@ -38,8 +38,9 @@ struct Rollout {
 // in the whole rollout (a data-parallel rank's share starts later). Every
 // rank of the model's tensor-parallel group must call it with the same
 // prompts. Runs under NoGradGuard; call model.module().eval() first for
-// dropout-free sampling. A response also ends where prompt + response would
-// pass seq_length.
+// dropout-free sampling. A response also ends where prompt + response reach
+// seq_length + 1 tokens (as a training row: the model reads seq_length of
+// them, and the last is only a target).
 Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& prompts,
                  const RolloutOptions& options, int64_t firstRow = 0);
 

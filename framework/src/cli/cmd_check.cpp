@@ -32,7 +32,25 @@ namespace ptrain::cli {
 // then holds the recipe to the core keys alone, so the trainer's own keys are
 // reported as unknown.
 bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot,
+                             std::unique_ptr<Plugin>* trainerOut, int worldSize);
+
+// The world size the recipe asks for (launch.nproc), for the callers that
+// have no --nproc of their own.
+bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot,
                              std::unique_ptr<Plugin>* trainerOut) {
+  int world = 1;
+  try {
+    if (recipe.has("launch.nproc")) world = static_cast<int>(recipe.getInt("launch.nproc"));
+  } catch (const ConfigError&) {
+    // Malformed: validation reports it.
+  }
+  return extendSchemaFromTrainer(recipe, schema, whyNot, trainerOut, world);
+}
+
+// `worldSize`: the trainer's PluginContext::world_size (a trainer with several
+// layouts checks them against it in setup()).
+bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* whyNot,
+                             std::unique_ptr<Plugin>* trainerOut, int worldSize) {
   // The recipe is not validated yet: a malformed plugins.paths or trainer.name
   // is reported by validation, so here it only means "no trainer to ask".
   std::string name;
@@ -53,6 +71,7 @@ bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* 
     PluginContext ctx;
     ctx.logger = logger();
     ctx.recipe = &recipe;
+    ctx.world_size = std::max(1, worldSize);
     std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, name, ctx, "trainer.name");
     static_cast<const Trainer&>(*plugin).describeKeys(schema);
     if (trainerOut != nullptr) *trainerOut = std::move(plugin);
@@ -107,7 +126,15 @@ int cmdCheck(const CheckArgs& args) {
   describeCoreKeys(schema);
   std::string whyNot;
   std::unique_ptr<Plugin> trainerPlugin;
-  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin);
+  int requestedWorld = args.nproc;
+  if (requestedWorld <= 0) {
+    try {
+      requestedWorld = recipe.has("launch.nproc") ? static_cast<int>(recipe.getInt("launch.nproc")) : 1;
+    } catch (const ConfigError&) {
+      requestedWorld = 1;  // malformed: validation below reports it
+    }
+  }
+  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin, requestedWorld);
 
   std::vector<std::string> problems = recipe.validateAll(schema);
   // The schema takes communication.nccl as a free-form map; its entries are

@@ -269,11 +269,20 @@ std::optional<Diagnosis> layoutMismatch(const RunRecord& r) {
   for (auto& e : evidence)
     if (contains(e, "ptrain: ")) refusals.push_back(e);
   if (refusals.empty()) return std::nullopt;
-  return Diagnosis{"layout mismatch",
-                   "the parallel sizes do not fit each other, the model or the world size (for GRPO: the actor's and "
-                   "the rollout's sizes must both divide the world)",
-                   refusals,
-                   {"apply the fix the line gives, then `ptrain check RECIPE --nproc N` before launching"}};
+  Diagnosis d{"layout mismatch",
+              "the parallel sizes do not fit each other, the model or the world size (for GRPO: the actor's and "
+              "the rollout's sizes must both divide the world)",
+              refusals,
+              {"apply the fix the line gives, then `ptrain check RECIPE --nproc N` before launching"}};
+  // The flowchart's answer to an actor/rollout mismatch: one size for both
+  // (0 takes the actor's), at the cost of the rollout's own layout.
+  for (const auto& e : refusals) {
+    if (contains(e, "actor_rollout_ref.rollout.tensor_model_parallel_size=")) {
+      d.next.push_back("or unify the rollout with the actor: actor_rollout_ref.rollout.tensor_model_parallel_size=0");
+      break;
+    }
+  }
+  return d;
 }
 
 std::optional<Diagnosis> outOfMemory(const RunRecord& r) {

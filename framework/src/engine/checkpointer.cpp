@@ -128,4 +128,27 @@ int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<Mod
   }
 }
 
+int64_t loadWeightsFromRun(const std::string& runDir, const std::vector<std::string>& files,
+                           const std::vector<ModelRuntime*>& runtimes) {
+  if (!fs::is_directory(runDir)) {
+    throw CheckpointError(runDir + ": run folder not found: give the folder of a finished run (its --run-dir)");
+  }
+  auto latest = latestCheckpoint(runDir);
+  if (!latest) {
+    throw CheckpointError(runDir + ": no checkpoint to start from (" + (fs::path(runDir) / "checkpoints").string() +
+                          " holds no complete step_N folder; set checkpoint.save_final: true in that run)");
+  }
+  const std::string dir = checkpointDir(runDir, *latest);
+  for (const std::string& file : files) {
+    const std::string path = (fs::path(dir) / file).string();
+    if (!fs::exists(path)) continue;
+    auto weights = loadSafetensors(path);
+    for (ModelRuntime* runtime : runtimes) runtime->loadParameters(weights.tensors, path);
+    return *latest;
+  }
+  std::string names;
+  for (const auto& f : files) names += (names.empty() ? "" : " or ") + f;
+  throw CheckpointError(dir + ": holds no " + names + ": not a checkpoint of a model this run can start from");
+}
+
 }  // namespace ptrain

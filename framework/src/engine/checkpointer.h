@@ -28,5 +28,15 @@ void saveCheckpoint(const std::string& runDir, int64_t step, const std::vector<M
 // returns its step. Throws CheckpointError when there is none, or it is
 // corrupt or from other models. Collective over the world.
 int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<ModelRuntime*>& runtimes);
+// Loads the parameters of the newest checkpoint of another run (`runDir`)
+// into every runtime, leaving optimizers and RNG as they are: a run that
+// starts from an earlier one's weights (the GRPO actor from its supervised
+// run). The weights are those of the checkpoint's first model file among
+// `files` ("model.safetensors", "actor.model.safetensors"). Returns the
+// checkpoint's step. Throws CheckpointError naming the folder when there is
+// no checkpoint, none of the files, or weights of another model. Collective
+// over the world.
+int64_t loadWeightsFromRun(const std::string& runDir, const std::vector<std::string>& files,
+                           const std::vector<ModelRuntime*>& runtimes);
 
 }  // namespace ptrain

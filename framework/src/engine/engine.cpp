@@ -119,6 +119,11 @@ int64_t TrainingSession::restoreLatest(const std::vector<ModelRuntime*>& runtime
   return restoreLatestCheckpoint(runDir(), runtimes);
 }
 
+int64_t TrainingSession::loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& files,
+                                         const std::vector<ModelRuntime*>& runtimes) {
+  return loadWeightsFromRun(runDir, files, runtimes);
+}
+
 TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
   const Recipe& recipe = session.recipe();
   const auto wallStart = Clock::now();

@@ -42,6 +42,9 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   PluginContext ctx;
   ctx.recipe = &out.recipe;
   ctx.rank = rank;
+  // A trainer with several layouts in one run (the GRPO rollout's) checks
+  // them against the world in setup().
+  ctx.world_size = worldSize > 0 ? worldSize : static_cast<int>(probe.getInt("launch.nproc"));
   const std::string trainerName = probe.getString("trainer.name");
   try {
     auto plugin = out.registry->create(plugin_kind::kTrainer, trainerName, ctx, "trainer.name");

@@ -500,6 +500,34 @@ ModelRuntime::Tensors ModelRuntime::gatherForCheckpoint() {
 void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& parameters,
                                   const std::map<std::string, at::Tensor>& optimizerState, int64_t optimizerSteps,
                                   const std::string& where) {
+  loadParameters(parameters, where);
+  if (!optimizer_) return;
+  // State is stored full-size: take this rank's slice, as for parameters.
+  const Placement& placement = model_->placement;
+  std::map<std::string, at::Tensor> mine, precisionState;
+  for (const auto& [name, t] : optimizerState) {
+    if (name.rfind(kPrecisionPrefix, 0) == 0) {
+      precisionState[name.substr(std::strlen(kPrecisionPrefix))] = t;
+      continue;
+    }
+    const ParameterPlacement& p = placement.of(parameterOfState(name));
+    bool full = true;
+    for (const auto& s : p.shards) full = full && t.dim() > s.dim && t.size(s.dim) == s.full_size;
+    mine[name] = full && !p.shards.empty() ? p.sliceOfFull(t, name).contiguous() : t;
+  }
+  try {
+    if (distributed_) {
+      distributed_->loadFullState(mine, optimizerSteps);
+    } else {
+      optimizer_->load(mine, optimizerSteps);
+    }
+    precision_->loadState(precisionState);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(detail::concat(where, ": ", e.what()));
+  }
+}
+
+void ModelRuntime::loadParameters(const std::map<std::string, at::Tensor>& parameters, const std::string& where) {
   torch::NoGradGuard noGrad;
   const Placement& placement = model_->placement;
   auto named = model_->module().named_parameters();
@@ -536,29 +564,6 @@ void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& param
                                            shapeString(item.value().sizes()), ": the checkpoint is from another model"));
     }
     item.value().copy_(source);
-  }
-  if (!optimizer_) return;
-  // State is stored full-size: take this rank's slice, as for parameters.
-  std::map<std::string, at::Tensor> mine, precisionState;
-  for (const auto& [name, t] : optimizerState) {
-    if (name.rfind(kPrecisionPrefix, 0) == 0) {
-      precisionState[name.substr(std::strlen(kPrecisionPrefix))] = t;
-      continue;
-    }
-    const ParameterPlacement& p = placement.of(parameterOfState(name));
-    bool full = true;
-    for (const auto& s : p.shards) full = full && t.dim() > s.dim && t.size(s.dim) == s.full_size;
-    mine[name] = full && !p.shards.empty() ? p.sliceOfFull(t, name).contiguous() : t;
-  }
-  try {
-    if (distributed_) {
-      distributed_->loadFullState(mine, optimizerSteps);
-    } else {
-      optimizer_->load(mine, optimizerSteps);
-    }
-    precision_->loadState(precisionState);
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(detail::concat(where, ": ", e.what()));
   }
 }
 

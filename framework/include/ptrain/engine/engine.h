@@ -99,6 +99,11 @@ class PTRAIN_API TrainingSession {
   // state; returns its step. Throws CheckpointError when there is none, or it
   // is corrupt or holds other models. Collective over the world.
   int64_t restoreLatest(const std::vector<ModelRuntime*>& runtimes);
+  // Loads the newest weights of another run (`runDir`, its first file of
+  // `files` that exists) into the runtimes; optimizers stay fresh. Returns
+  // that checkpoint's step. Throws CheckpointError. Collective over the world.
+  int64_t loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& files,
+                          const std::vector<ModelRuntime*>& runtimes);
 
  private:
   PreparedRecipe& prepared_;

@@ -169,6 +169,11 @@ class PTRAIN_API ModelRuntime {
     std::vector<std::pair<std::string, at::Tensor>> optimizer;
   };
   Tensors gatherForCheckpoint();
+  // Loads full-size parameters (from any layout) into this rank's shards and
+  // leaves the optimizer as it is: a run that starts from another run's
+  // weights (init_from). Collective over the world. Throws CheckpointError
+  // naming `where` as loadCheckpoint does.
+  void loadParameters(const std::map<std::string, at::Tensor>& parameters, const std::string& where);
   // Loads full-size tensors (from any layout) into this rank's shards, and the
   // optimizer state with its applied-step count. Collective over the world.
   // Throws CheckpointError naming `where` when a tensor is missing, has

@@ -1,0 +1,166 @@
+// The llm_grpo trainer end to end through the ptrain binary: a supervised
+// run, then GRPO from its checkpoint with the actor at tp 2 and the rollout at
+// tp 1 x dp 2 on two ranks. The GRPO run's evaluation before its first step
+// is the supervised run's last (the weights came across), its metrics carry
+// verl's names, its dumped rollouts hold group advantages the test recomputes
+// from the rewards, and the same run with the rollout at the actor's tp
+// samples the same tokens. `ptrain check` refuses verl's known failures, one
+// line each.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using ptrain::test::runPtrain;
+using ptrain::test::TempDir;
+
+namespace {
+
+std::string config(const std::string& name) { return ptrain::test::sourceDir() + "/configs/grpo/" + name; }
+
+// 1-digit addition: a model that learns it in a few dozen steps.
+const std::vector<std::string> kTinyData = {"data.digits=1", "data.operations=[add]", "data.eval_size=64"};
+
+std::vector<std::string> grpoArgs(const std::string& runDir, const std::string& sft, std::vector<std::string> extra) {
+  std::vector<std::string> args{"run", config("arith_grpo.yaml"), "--run-dir", runDir,
+                                "actor_rollout_ref.model.path=" + sft, "train.steps=2", "train.eval_every=0",
+                                "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "train.global_batch_size=16", "algorithm.dump_rollouts=1", "train.log_every=1",
+                                "actor_rollout_ref.actor.kl_loss_coef=0.1"};
+  args.insert(args.end(), kTinyData.begin(), kTinyData.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<nlohmann::json> jsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(ptrain::test::readFile(path));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
+  TempDir tmp;
+  const std::string sft = tmp.path() + "/sft";
+  std::vector<std::string> sftArgs{"run", config("arith_sft.yaml"), "--run-dir", sft, "--nproc", "1",
+                                   "launch.nproc=1", "train.steps=40", "train.eval_every=0", "log.progress=lines"};
+  sftArgs.insert(sftArgs.end(), kTinyData.begin(), kTinyData.end());
+  auto r = runPtrain(sftArgs, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json sftEval = nlohmann::json::parse(ptrain::test::readLastEvaluation(sft));
+
+  const std::string grpo = tmp.path() + "/grpo";
+  r = runPtrain(grpoArgs(grpo, sft, {}), {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto metrics = jsonLines(grpo + "/metrics.jsonl");
+  ASSERT_FALSE(metrics.empty());
+  // The first line is the evaluation before any GRPO step: the supervised
+  // model's, now at tp 2.
+  ASSERT_EQ(metrics.front()["step"].get<int>(), 0);
+  EXPECT_EQ(metrics.front()["eval_exact_match"].get<double>(), sftEval["eval_exact_match"].get<double>());
+  EXPECT_NEAR(metrics.front()["eval_loss"].get<double>(), sftEval["eval_loss"].get<double>(), 1e-5);
+
+  int trainingLines = 0;
+  for (const auto& m : metrics) {
+    if (!m.contains("loss")) continue;
+    ++trainingLines;
+    for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
+                            "actor/grad_norm", "critic/score/mean", "critic/score/max", "critic/score/min",
+                            "critic/advantages/mean", "response_length/mean", "timing_s/gen", "timing_s/ref",
+                            "timing_s/update_actor", "timing_s/reshard", "perf/throughput"}) {
+      EXPECT_TRUE(m.contains(key)) << key << " missing from " << m.dump();
+    }
+  }
+  EXPECT_EQ(trainingLines, 2);
+  EXPECT_TRUE(fs::exists(grpo + "/checkpoints/step_2/actor.model.safetensors"));
+
+  // One step dumped: 4 prompts x 8 samples. Each group's advantages are its
+  // rewards standardised (std as torch.std, unbiased), recomputed here.
+  const auto rollouts = jsonLines(grpo + "/rollouts.jsonl");
+  ASSERT_EQ(rollouts.size(), 32u);
+  for (size_t g = 0; g < 4; ++g) {
+    double mean = 0, var = 0;
+    for (size_t s = 0; s < 8; ++s) mean += rollouts[g * 8 + s]["reward"].get<double>() / 8;
+    for (size_t s = 0; s < 8; ++s) var += std::pow(rollouts[g * 8 + s]["reward"].get<double>() - mean, 2) / 7;
+    for (size_t s = 0; s < 8; ++s) {
+      const auto& row = rollouts[g * 8 + s];
+      const double reward = row["reward"].get<double>();
+      EXPECT_TRUE(reward == 0 || reward == 1) << row.dump();
+      EXPECT_EQ(reward == 1, row["response"].get<std::string>() == row["answer"].get<std::string>() + "<eos>")
+          << row.dump();
+      EXPECT_NEAR(row["advantage"].get<double>(), (reward - mean) / (std::sqrt(var) + 1e-6), 1e-4) << row.dump();
+      const size_t tokens = row["response_tokens"].size();
+      EXPECT_EQ(row["old_log_probs"].size(), tokens);
+      EXPECT_EQ(row["ref_log_probs"].size(), tokens);
+      for (size_t t = 0; t < tokens; ++t) {
+        // Before the first update the actor is the reference.
+        EXPECT_NEAR(row["old_log_probs"][t].get<double>(), row["ref_log_probs"][t].get<double>(), 1e-5);
+        EXPECT_LE(row["old_log_probs"][t].get<double>(), 0.0);
+      }
+    }
+  }
+
+  // The rollout on the actor's layout (tp 2) samples the same tokens, and the
+  // run follows the same curve.
+  const std::string same = tmp.path() + "/same";
+  r = runPtrain(grpoArgs(same, sft, {"actor_rollout_ref.rollout.tensor_model_parallel_size=2"}), {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto sameRollouts = jsonLines(same + "/rollouts.jsonl");
+  ASSERT_EQ(sameRollouts.size(), rollouts.size());
+  for (size_t i = 0; i < rollouts.size(); ++i) EXPECT_EQ(sameRollouts[i]["response"], rollouts[i]["response"]) << i;
+  const auto a = ptrain::test::readTrainingSteps(grpo), b = ptrain::test::readTrainingSteps(same);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [step, text] : a) {
+    const auto x = nlohmann::json::parse(text), y = nlohmann::json::parse(b.at(step));
+    EXPECT_EQ(x["critic/score/mean"], y["critic/score/mean"]) << step;
+    EXPECT_NEAR(x["actor/pg_loss"].get<double>(), y["actor/pg_loss"].get<double>(), 1e-4) << step;
+  }
+}
+
+TEST(GrpoTrainer, CheckRefusesVerlsKnownFailuresOneLineEach) {
+  auto check = [](std::vector<std::string> extra) {
+    std::vector<std::string> args{"check", config("arith_grpo.yaml")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return runPtrain(args, {}, 120);
+  };
+  auto ok = check({});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+
+  auto r = check({"--nproc", "4", "launch.nproc=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("actor_rollout_ref.rollout.tensor_model_parallel_size=3 does not divide the world size 4: "
+                          "use 1, 2, 4"),
+            std::string::npos)
+      << r.output;
+
+  r = check({"actor_rollout_ref.actor.ppo_mini_batch_size=64"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ppo_mini_batch_size=64 is above data.train_batch_size=32"), std::string::npos) << r.output;
+
+  r = check({"train.global_batch_size=64"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.global_batch_size=64 is not the actor's optimizer step"), std::string::npos)
+      << r.output;
+
+  // Sequence parallelism with heads the tensor-parallel size does not divide:
+  // the core's layout check says it for the actor.
+  r = check({"--nproc", "4", "launch.nproc=4", "parallel.tensor_model_parallel_size=4", "parallel.sequence_parallel=true",
+             "model.num_attention_heads=2", "model.hidden_size=64"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("does not divide num_attention_heads=2"), std::string::npos) << r.output;
+
+  r = check({"parallel.pipeline_model_parallel_size=2", "parallel.tensor_model_parallel_size=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.pipeline_model_parallel_size"), std::string::npos) << r.output;
+}
+
+}  // namespace

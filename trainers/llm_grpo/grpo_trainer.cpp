@@ -1,0 +1,391 @@
+#include "grpo_trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checks.h"
+#include "ptrain/comm/communicator.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/core/resources.h"
+#include "ptrain/engine/engine.h"
+#include "ptrain/engine/runtime.h"
+#include "ptrain/recipe/key_specs.h"
+#include "ptrain/recipe/recipe.h"
+
+namespace ptrain::grpo {
+
+using datasets::ArithmeticOp;
+using datasets::ArithmeticTokenizer;
+
+namespace {
+
+const std::string kActor = "actor_rollout_ref.actor.";
+const std::string kRollout = "actor_rollout_ref.rollout.";
+const std::string kRef = "actor_rollout_ref.ref.";
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The most tokens an answer of `operations` on `digits`-digit operands takes,
+// with its EOS: a sum has up to digits + 1 digits, a difference a sign and
+// `digits` digits, a product 2 * digits digits.
+int64_t longestAnswerTokens(const std::vector<ArithmeticOp>& operations, int64_t digits) {
+  int64_t most = 0;
+  for (ArithmeticOp op : operations) most = std::max(most, op == ArithmeticOp::kMul ? 2 * digits : digits + 1);
+  return most + 1;
+}
+
+std::string text(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t id : ids) out += ArithmeticTokenizer::tokenText(id);
+  return out;
+}
+
+}  // namespace
+
+GrpoTrainer::GrpoTrainer(const PluginContext& context) : LlmTrainer(context), world_size_(context.world_size) {}
+
+void GrpoTrainer::describeKeys(Schema& schema) const {
+  LlmTrainer::describeKeys(schema);
+  using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::atMost;
+  using keys::key;
+  using keys::oneOf;
+  using keys::required;
+
+  schema.add(atLeast(required("data.train_batch_size", T::kInt,
+                              "Prompts per GRPO step (each brings actor_rollout_ref.rollout.n samples)."),
+                     1));
+  schema.add(atLeast(key("data.max_response_length", T::kInt, "0",
+                         "Most tokens a sampled response takes; 0: the longest answer of data.operations and "
+                         "data.digits with its EOS."),
+                     0));
+  schema.add(key("actor_rollout_ref.model.path", T::kString, "",
+                 "Run folder whose newest checkpoint the actor and the reference start from (a finished llm run, "
+                 "e.g. runs/arith_sft); empty: fresh weights."));
+
+  schema.add(atLeast(key(kActor + "ppo_mini_batch_size", T::kInt, "0",
+                         "Prompts per actor update (each with its rollout.n samples); a step's batch is cut into "
+                         "data.train_batch_size / ppo_mini_batch_size updates. 0: the whole batch."),
+                     0));
+  schema.add(atLeast(key(kActor + "ppo_micro_batch_size_per_gpu", T::kInt, "0",
+                         "Samples per forward/backward pass on one data-parallel rank of the actor; 0: a rank's "
+                         "whole share."),
+                     0));
+  schema.add(atLeast(key(kActor + "ppo_epochs", T::kInt, "1", "Passes of the actor update over a step's batch."), 1));
+  schema.add(atLeast(key(kActor + "clip_ratio_low", T::kFloat, "0.2",
+                         "The ratio is clipped below at 1 - clip_ratio_low."),
+                     0));
+  schema.add(atLeast(key(kActor + "clip_ratio_high", T::kFloat, "0.2",
+                         "The ratio is clipped above at 1 + clip_ratio_high."),
+                     0));
+  schema.add(above(key(kActor + "clip_ratio_c", T::kFloat, "3.0",
+                       "Dual clip: for negative advantages the loss is at most -A * clip_ratio_c (> 1)."),
+                   1));
+  schema.add(oneOf(key(kActor + "loss_agg_mode", T::kString, "token-mean",
+                       "How per-token losses become one: token-mean, seq-mean-token-sum, seq-mean-token-mean."),
+                   {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"}));
+  schema.add(key(kActor + "use_kl_loss", T::kBool, "true",
+                 "Add the KL divergence to the reference as a loss term (the reference model runs only then)."));
+  schema.add(atLeast(key(kActor + "kl_loss_coef", T::kFloat, "0.001", "Weight of the KL loss."), 0));
+  schema.add(oneOf(key(kActor + "kl_loss_type", T::kString, "low_var_kl",
+                       "KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3, clamped to [-10, 10])."),
+                   {"kl", "abs", "mse", "low_var_kl"}));
+  schema.add(atLeast(key(kActor + "entropy_coeff", T::kFloat, "0",
+                         "Weight of the entropy bonus (subtracted from the loss); 0: none."),
+                     0));
+
+  schema.add(atLeast(key(kRollout + "n", T::kInt, "4",
+                         "Samples per prompt; GRPO compares them, so at least 2."),
+                     1));
+  schema.add(atLeast(key(kRollout + "temperature", T::kFloat, "1.0", "Sampling temperature; 0: greedy."), 0));
+  schema.add(atMost(above(key(kRollout + "top_p", T::kFloat, "1.0",
+                              "Nucleus sampling: the smallest set of tokens whose probability reaches top_p."),
+                          0),
+                    1));
+  schema.add(atLeast(key(kRollout + "top_k", T::kInt, "-1", "Sample among the k likeliest tokens; -1 or 0: all."),
+                     -1));
+  schema.add(atLeast(key(kRollout + "tensor_model_parallel_size", T::kInt, "0",
+                         "Tensor-parallel size of the rollout model, the rest of the world as its data "
+                         "parallelism; the actor's weights are resharded onto it every step. 0: the actor's."),
+                     0));
+  schema.add(atLeast(key(kRollout + "log_prob_micro_batch_size_per_gpu", T::kInt, "0",
+                         "Samples per pass when the actor's old log-probabilities are computed; 0: a rank's share."),
+                     0));
+  schema.add(atLeast(key(kRef + "log_prob_micro_batch_size_per_gpu", T::kInt, "0",
+                         "Samples per pass of the reference's log-probabilities; 0: a rank's share."),
+                     0));
+  schema.add(key(kRef + "param_offload", T::kBool, "false",
+                 "Keep the reference's parameters in the offload tier (offload/tiered: disk on cpu) between uses."));
+
+  schema.add(oneOf(key("algorithm.adv_estimator", T::kString, "grpo",
+                       "Advantage estimator; grpo (group-normalised scores) is the one this trainer has."),
+                   {"grpo"}));
+  schema.add(key("algorithm.norm_adv_by_std_in_grpo", T::kBool, "true",
+                 "Divide each group's centred scores by its std + 1e-6; false: Dr. GRPO (centred only)."));
+  schema.add(atLeast(key("algorithm.format_reward", T::kFloat, "0",
+                         "Reward of a well-formed but wrong answer (a number then EOS); the exact answer gets 1."),
+                     0));
+  schema.add(atLeast(key("algorithm.dump_rollouts", T::kInt, "0",
+                         "Write the first N steps' samples (prompt, response, reward, advantage, old and reference "
+                         "log-probabilities per token) to RUN_DIR/rollouts.jsonl."),
+                     0));
+}
+
+void GrpoTrainer::setup(const Recipe& recipe) {
+  LlmTrainer::setup(recipe);
+  const llm::GptConfig& c = modelConfig();
+
+  if (recipe.getInt("parallel.pipeline_model_parallel_size") != 1) {
+    recipe.fail("parallel.pipeline_model_parallel_size",
+                "the grpo trainer's actor, reference and rollout run without a pipeline (sampling decodes one token "
+                "at a time through the whole model); use 1 and tensor_model_parallel_size for larger models");
+  }
+  if (recipe.getInt("parallel.context_parallel_size") != 1) {
+    recipe.fail("parallel.context_parallel_size", "the grpo trainer samples whole sequences on one rank; use 1");
+  }
+  if (c.num_experts > 0) {
+    recipe.fail("model.num_experts", "the grpo trainer's rollout decodes the dense GPT only; use 0");
+  }
+  if (recipe.has("parallel.data_parallel_shares")) {
+    recipe.fail("parallel.data_parallel_shares", "the grpo trainer splits its samples evenly; remove the key");
+  }
+
+  GrpoOptions o;
+  const int64_t n = recipe.getInt(kRollout + "n");
+  if (n < 2) {
+    recipe.fail(kRollout + "n", std::to_string(n) + ": GRPO's advantage compares the samples of one prompt; use 2 or "
+                                                    "more (verl's examples use 5)");
+  }
+  train_batch_size_ = recipe.getInt("data.train_batch_size");
+  const int64_t actorTp = recipe.getInt("parallel.tensor_model_parallel_size");
+  rollout_tp_ = recipe.getInt(kRollout + "tensor_model_parallel_size");
+  if (rollout_tp_ == 0) rollout_tp_ = actorTp;
+  const int64_t mini = recipe.getInt(kActor + "ppo_mini_batch_size");
+  const int64_t micro = recipe.getInt(kActor + "ppo_micro_batch_size_per_gpu");
+
+  GrpoLayoutRequest q;
+  q.world = world_size_;
+  q.train_batch_size = train_batch_size_;
+  q.rollout_n = n;
+  q.actor_tp = actorTp;
+  q.rollout_tp = rollout_tp_;
+  q.ppo_mini_batch_size = mini > 0 ? mini : train_batch_size_;
+  const int64_t actorDp = world_size_ % actorTp == 0 ? world_size_ / actorTp : 1;
+  q.ppo_micro_batch_size_per_gpu = micro > 0 ? micro : q.ppo_mini_batch_size * n / actorDp;
+  q.num_attention_heads = c.num_heads;
+  q.padded_vocab = c.paddedVocab();
+  std::vector<std::string> problems = checkGrpoLayout(q);
+  // The core's batch keys size the actor's optimizer step for `ptrain check`
+  // and `ptrain plan`: they must say what the trainer runs.
+  const int64_t stepSamples = q.ppo_mini_batch_size * n;
+  if (recipe.getInt("train.global_batch_size") != stepSamples) {
+    problems.push_back("train.global_batch_size=" + std::to_string(recipe.getInt("train.global_batch_size")) +
+                       " is not the actor's optimizer step, actor_rollout_ref.actor.ppo_mini_batch_size (" +
+                       std::to_string(q.ppo_mini_batch_size) + ") x rollout.n (" + std::to_string(n) + ") = " +
+                       std::to_string(stepSamples) + " samples: set it to " + std::to_string(stepSamples));
+  }
+  if (recipe.has("train.micro_batch_size") && micro > 0 && recipe.getInt("train.micro_batch_size") != micro) {
+    problems.push_back("train.micro_batch_size=" + std::to_string(recipe.getInt("train.micro_batch_size")) +
+                       " differs from actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=" + std::to_string(micro) +
+                       ": set both to the same (or remove train.micro_batch_size)");
+  }
+  if (!problems.empty()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
+    throw ConfigError(os.str());
+  }
+
+  const auto& data = dataset().options();
+  o.rollout.n = n;
+  o.rollout.sampling.temperature = recipe.getFloat(kRollout + "temperature");
+  o.rollout.sampling.top_p = recipe.getFloat(kRollout + "top_p");
+  o.rollout.sampling.top_k = recipe.getInt(kRollout + "top_k");
+  const int64_t maxResponse = recipe.getInt("data.max_response_length");
+  o.rollout.max_response_length = maxResponse > 0 ? maxResponse : longestAnswerTokens(data.operations, data.digits);
+  o.rollout.stop_id = ArithmeticTokenizer::kEos;
+  o.rollout.pad_id = ArithmeticTokenizer::kPad;
+  o.rollout.seed = data.seed;
+  o.actor.policy.clip_ratio_low = recipe.getFloat(kActor + "clip_ratio_low");
+  o.actor.policy.clip_ratio_high = recipe.getFloat(kActor + "clip_ratio_high");
+  o.actor.policy.clip_ratio_c = recipe.getFloat(kActor + "clip_ratio_c");
+  o.actor.policy.aggregation = lossAggregationFromName(recipe.getString(kActor + "loss_agg_mode"));
+  o.actor.use_kl_loss = recipe.getBool(kActor + "use_kl_loss");
+  o.actor.kl_loss_coef = recipe.getFloat(kActor + "kl_loss_coef");
+  o.actor.kl_loss_type = klEstimatorFromName(recipe.getString(kActor + "kl_loss_type"));
+  o.actor.entropy_coeff = recipe.getFloat(kActor + "entropy_coeff");
+  o.actor.micro_batch_size = micro;
+  o.norm_adv_by_std_in_grpo = recipe.getBool("algorithm.norm_adv_by_std_in_grpo");
+  o.ppo_mini_batch_size = mini;
+  o.ppo_epochs = recipe.getInt(kActor + "ppo_epochs");
+  o.log_prob_micro_batch_size = recipe.getInt(kRollout + "log_prob_micro_batch_size_per_gpu");
+  o.ref_log_prob_micro_batch_size = recipe.getInt(kRef + "log_prob_micro_batch_size_per_gpu");
+
+  options_ = o;
+  reward_.format = recipe.getFloat("algorithm.format_reward");
+  use_reference_ = o.actor.use_kl_loss;
+  ref_param_offload_ = recipe.getBool(kRef + "param_offload");
+  dump_rollouts_ = recipe.getInt("algorithm.dump_rollouts");
+  init_from_ = recipe.getString("actor_rollout_ref.model.path");
+}
+
+void GrpoTrainer::promptsOf(int64_t step, std::vector<std::vector<int64_t>>& prompts,
+                            std::vector<std::string>& answers) const {
+  prompts.clear();
+  answers.clear();
+  for (int64_t i = 0; i < train_batch_size_; ++i) {
+    const datasets::ArithmeticProblem p = dataset().trainProblem(step, i);
+    prompts.push_back(ArithmeticTokenizer::encode(p.prompt()));
+    answers.push_back(p.answer());
+  }
+}
+
+void GrpoTrainer::dumpRollouts(const std::string& runDir, int64_t step, const GrpoStepResult& result,
+                               const std::vector<std::string>& answers) const {
+  std::ofstream out(std::filesystem::path(runDir) / "rollouts.jsonl", std::ios::app);
+  const Batch& b = result.batch;
+  const at::Tensor mask = b.at("response_mask").cpu();
+  const at::Tensor advantages = b.at("advantages").cpu();
+  const at::Tensor oldLp = b.at("old_log_probs").cpu();
+  const at::Tensor refLp = b.at("ref_log_probs").cpu();
+  const int64_t n = options_.rollout.n;
+  for (size_t r = 0; r < result.rollout.responses.size(); ++r) {
+    const int64_t row = static_cast<int64_t>(r);
+    const at::Tensor keep = mask[row] > 0;
+    const at::Tensor adv = advantages[row].masked_select(keep);
+    nlohmann::json line{{"step", step},
+                        {"sample", row},
+                        {"prompt", text(result.rollout.prompts[r])},
+                        {"answer", answers.at(static_cast<size_t>(row / n))},
+                        {"response", text(result.rollout.responses[r])},
+                        {"response_tokens", result.rollout.responses[r]},
+                        {"reward", result.scores[r]},
+                        {"advantage", adv.numel() > 0 ? adv[0].item<double>() : 0.0}};
+    auto values = [&](const at::Tensor& t) {
+      const at::Tensor v = t[row].masked_select(keep).to(torch::kFloat64).contiguous();
+      return std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+    };
+    line["old_log_probs"] = values(oldLp);
+    line["ref_log_probs"] = values(refLp);
+    out << line.dump() << "\n";
+  }
+  if (!out) throw CheckpointError((std::filesystem::path(runDir) / "rollouts.jsonl").string() + ": cannot write");
+}
+
+TrainSummary GrpoTrainer::train(TrainingSession& session) {
+  const Recipe& recipe = session.recipe();
+  const bool rankZero = session.isRankZero();
+  const auto wallStart = Clock::now();
+
+  RuntimeOptions actorOptions = session.runtimeOptions();
+  actorOptions.name = "actor";
+  // The learning-rate schedule counts optimizer steps: ppo_epochs x
+  // mini-batches of them per GRPO step.
+  const int64_t mini = options_.ppo_mini_batch_size > 0 ? options_.ppo_mini_batch_size : train_batch_size_;
+  actorOptions.optimizer->total_steps = recipe.getInt("train.steps") * options_.ppo_epochs * (train_batch_size_ / mini);
+  RuntimeOptions rolloutOptions = actorOptions;
+  rolloutOptions.name = "rollout";
+  LayoutSizes sizes;
+  sizes.world = session.comm().layout().sizes().world;
+  sizes.tp = static_cast<int>(rollout_tp_);
+  rolloutOptions.layout = ParallelLayout(sizes);
+  rolloutOptions.optimizer.reset();
+  rolloutOptions.offload = OffloadSettings{};
+  RuntimeOptions refOptions = actorOptions;
+  refOptions.name = "ref";
+  refOptions.optimizer.reset();
+  refOptions.offload = OffloadSettings{};
+  if (ref_param_offload_) {
+    refOptions.offload.params = true;
+    refOptions.offload.folder = (std::filesystem::path(session.runDir()) / "offload" / "ref").string();
+  }
+
+  std::unique_ptr<ModelRuntime> actor = session.makeRuntime(actorOptions);
+  std::unique_ptr<ModelRuntime> rollout = session.makeRuntime(rolloutOptions);
+  std::unique_ptr<ModelRuntime> reference = use_reference_ ? session.makeRuntime(refOptions) : nullptr;
+
+  const std::vector<std::string> weightFiles = {"model.safetensors", "actor.model.safetensors"};
+  if (!init_from_.empty()) {
+    std::vector<ModelRuntime*> start = {actor.get()};
+    if (reference) start.push_back(reference.get());
+    const int64_t from = session.loadWeightsFrom(init_from_, weightFiles, start);
+    if (rankZero) logger()->info("actor{} start from {} (step {})", reference ? " and reference" : "", init_from_, from);
+  }
+  int64_t step = 0;
+  if (session.resuming()) {
+    step = session.restoreLatest({actor.get()});
+    if (rankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
+  }
+
+  const int64_t steps = recipe.getInt("train.steps");
+  const int64_t evalEvery = recipe.getInt("train.eval_every");
+  const int64_t logEvery = recipe.getInt("train.log_every");
+  const int64_t ckptEvery = recipe.getInt("checkpoint.every");
+
+  TrainSummary summary;
+  auto evaluate = [&](int64_t atStep) {
+    std::map<std::string, double> result;
+    actor->inference([&](StagedModel& model, const EvalContext& ctx) { result = LlmTrainer::evaluate(model, ctx); });
+    nlohmann::json line{{"step", atStep}};
+    for (const auto& [k, v] : result) line[k] = v;
+    session.writeMetrics(line);
+    if (rankZero) {
+      logger()->info("step {}: eval_exact_match {:.4f} eval_loss {:.4f}", atStep,
+                     result.count("eval_exact_match") ? result.at("eval_exact_match") : 0.0,
+                     result.count("eval_loss") ? result.at("eval_loss") : 0.0);
+    }
+    summary.eval = result;
+  };
+  if (step == 0) evaluate(0);
+
+  RewardFunction reward;
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> answers;
+  double tokensTotal = 0, timeTotal = 0;
+  while (step < steps) {
+    const auto stepStart = Clock::now();
+    promptsOf(step, prompts, answers);
+    reward = [&](int64_t prompt, const std::vector<int64_t>& response) {
+      return arithmeticReward(response, answers.at(static_cast<size_t>(prompt)), reward_);
+    };
+    GrpoStepResult result =
+        grpoStep(*actor, *rollout, reference.get(), prompts, reward, options_, step);
+    if (rankZero && step < dump_rollouts_) dumpRollouts(session.runDir(), step + 1, result, answers);
+    ++step;
+
+    const auto& m = result.metrics;
+    const double loss = m.at("actor/pg_loss") + (options_.actor.use_kl_loss ? options_.actor.kl_loss_coef * m.at("actor/kl_loss") : 0.0) -
+                        options_.actor.entropy_coeff * m.at("actor/entropy");
+    const double stepTime = since(stepStart);
+    timeTotal += stepTime;
+    tokensTotal += m.at("perf/throughput") * m.at("timing_s/step");
+    summary.final_loss = loss;
+    nlohmann::json line{{"step", step}, {"loss", loss}, {"step_time_s", stepTime}, {"peak_rss_mb", peakRssMb()}};
+    for (const auto& [k, v] : m) line[k] = v;
+    session.writeMetrics(line);
+    if (rankZero && (step % logEvery == 0 || step == steps)) {
+      logger()->info("step {}/{}: score {:.3f} pg_loss {:.4f} kl_loss {:.4f} response_length {:.1f} ({:.2f} s: gen "
+                     "{:.2f}, update {:.2f})",
+                     step, steps, m.at("critic/score/mean"), m.at("actor/pg_loss"), m.at("actor/kl_loss"),
+                     m.at("response_length/mean"), stepTime, m.at("timing_s/gen"), m.at("timing_s/update_actor"));
+    }
+    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) evaluate(step);
+    if ((ckptEvery > 0 && step % ckptEvery == 0) || (step == steps && recipe.getBool("checkpoint.save_final"))) {
+      session.saveCheckpoint(step, {actor.get()});
+    }
+  }
+  summary.steps = step;
+  summary.tokens_per_s = timeTotal > 0 ? tokensTotal / timeTotal : 0;
+  summary.wall_s = since(wallStart);
+  return summary;
+}
+
+}  // namespace ptrain::grpo
