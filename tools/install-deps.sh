@@ -57,13 +57,21 @@ fi
 # serves), so that it does not depend on which python3 is first on PATH.
 venv=.venv-torch
 want="${torch_spec#torch==}"
+# pycocotools beside it: the reference tests/unit/test_coco_eval.cpp compares
+# the C++ COCO evaluator with (it looks for this environment's python).
+coco() {
+  "$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir pycocotools
+}
 if [ -x "$venv/bin/python" ] &&
    have=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null) &&
    { [ "$want" = "$torch_spec" ] || [ "$have" = "$want" ]; }; then
+  coco
   exit 0
 fi
 echo "install-deps: installing $torch_spec from PyPI into $venv/"
 start=$(date +%s)
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$torch_spec"
+coco
 echo "install-deps: $torch_spec installed in $(( $(date +%s) - start )) s, $(du -sh "$venv" | cut -f1) on disk"

@@ -69,8 +69,8 @@ void GrpoTrainer::describeKeys(Schema& schema) const {
                          "data.digits with its EOS."),
                      0));
   schema.add(key("actor_rollout_ref.model.path", T::kString, "",
-                 "Run folder whose newest checkpoint the actor and the reference start from (a finished llm run, "
-                 "e.g. runs/arith_sft); empty: fresh weights."));
+                 "Run folder whose newest checkpoint the actor and the reference start from (a finished llm run), "
+                 "or runs/NAME for the newest run of recipe NAME; empty: fresh weights."));
 
   schema.add(atLeast(key(kActor + "ppo_mini_batch_size", T::kInt, "0",
                          "Prompts per actor update (each with its rollout.n samples); a step's batch is cut into "

@@ -1,5 +1,6 @@
 #include "engine/checkpointer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -128,10 +129,22 @@ int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<Mod
   }
 }
 
-int64_t loadWeightsFromRun(const std::string& runDir, const std::vector<std::string>& files,
+int64_t loadWeightsFromRun(const std::string& path, const std::vector<std::string>& files,
                            const std::vector<ModelRuntime*>& runtimes) {
-  if (!fs::is_directory(runDir)) {
-    throw CheckpointError(runDir + ": run folder not found: give the folder of a finished run (its --run-dir)");
+  if (!fs::is_directory(path)) {
+    throw CheckpointError(path + ": run folder not found: give the folder of a finished run (its --run-dir), or "
+                          "runs/NAME for the newest run of recipe NAME");
+  }
+  // runs/NAME (what `ptrain run` fills with one timestamped folder per run
+  // when no --run-dir is given): its newest run that holds a checkpoint.
+  std::string runDir = path;
+  if (!fs::exists(fs::path(path) / "checkpoints")) {
+    std::vector<std::string> runs;
+    for (const auto& entry : fs::directory_iterator(path)) {
+      if (entry.is_directory() && latestCheckpoint(entry.path().string())) runs.push_back(entry.path().string());
+    }
+    std::sort(runs.begin(), runs.end());
+    if (!runs.empty()) runDir = runs.back();
   }
   auto latest = latestCheckpoint(runDir);
   if (!latest) {

@@ -31,7 +31,10 @@ int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<Mod
 // Loads the parameters of the newest checkpoint of another run (`runDir`)
 // into every runtime, leaving optimizers and RNG as they are: a run that
 // starts from an earlier one's weights (the GRPO actor from its supervised
-// run). The weights are those of the checkpoint's first model file among
+// run). `runDir` is a run folder, or runs/NAME (`ptrain run` without
+// --run-dir makes one timestamped folder per run there), whose newest run
+// with a checkpoint is taken. The weights are those of the checkpoint's
+// first model file among
 // `files` ("model.safetensors", "actor.model.safetensors"). Returns the
 // checkpoint's step. Throws CheckpointError naming the folder when there is
 // no checkpoint, none of the files, or weights of another model. Collective
