@@ -83,8 +83,10 @@ TEST(Offload, DiskTierGivesBitwiseTheLossesAndParametersOfARunWithoutIt) {
     if (with.size() > v.base.size() && v.offload.front() == "offload.params=true") {
       EXPECT_GT(offloaded.stats.at("offload_in_bytes"), 0) << what;
     }
-    // The file is unlinked as soon as it is mapped.
-    EXPECT_TRUE(fs::is_empty(tmp.path() + "/offload")) << what;
+    // The file is unlinked as soon as it is mapped (and the folder removed
+    // with the tier).
+    const std::string folder = tmp.path() + "/offload";
+    EXPECT_TRUE(!fs::exists(folder) || fs::is_empty(folder)) << what;
   }
 }
 
@@ -128,6 +130,24 @@ TEST(Offload, ChecksRefuseAFolderItCannotWriteAndTheDistributedOptimizer) {
   problems = checkOffload(both);
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("optimizer.distributed"), std::string::npos) << problems[0];
+}
+
+// Each tier serves one kind of device: naming the other's is one line with
+// the fix; on cuda the pinned tier writes no files, so no folder is checked.
+TEST(Offload, ChecksRefuseTheTierOfTheOtherDevice) {
+  llm::LlmTrainer trainer{PluginContext{}};
+  Recipe pinnedOnCpu = llmRecipe(trainer, {"device=cpu", "offload.params=true", "offload.tier=pinned"});
+  auto problems = checkOffload(pinnedOnCpu);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("offload.tier=pinned serves the cuda device"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("set offload.tier to auto or disk"), std::string::npos) << problems[0];
+
+  Recipe diskOnCuda = llmRecipe(trainer, {"device=cuda", "offload.params=true", "offload.tier=disk"});
+  problems = checkOffload(diskOnCuda);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("offload.tier=disk serves the cpu device"), std::string::npos) << problems[0];
+  EXPECT_TRUE(checkOffload(llmRecipe(trainer, {"device=cuda", "offload.params=true"})).empty());
+  EXPECT_TRUE(checkOffloadFolder(llmRecipe(trainer, {"device=cuda", "offload.params=true"}), "/proc/run").empty());
 }
 
 }  // namespace

@@ -14,8 +14,9 @@
 # 450 for the whole script: each phase's limit is cut to leave the later phases their minimum),
 # --test-label L (default gpu), --quickstart-nproc N (default 1), --skip-bench.
 #
-# Phase limits, in seconds: configure 120, build 330, gpu-tests 60, quickstart 75, bench 120 per ptrain
-# run (the TF32 one only with 45 left), eager 100 per run (in the background during the build).
+# Phase limits, in seconds: configure 120, build 330, gpu-tests 150, quickstart 75, bench 120 per ptrain
+# run (the TF32 one only with 45 left), eager 100 per run (in the background during the build), offload
+# 110 per run (with 60 left).
 #
 # Phases, each under `timeout`, each recorded whatever happens to the others:
 #   extract     dpkg-deb -x of every tools/device/debs/*.deb into <build>/deps (never into /)
@@ -29,6 +30,9 @@
 #   quickstart  ptrain run configs/quickstart.yaml device=cuda (one process: one GPU), final exact match
 #   bench       ptrain run tools/device/gpt_1b.yaml device=cuda, fp32 (NVIDIA_TF32_OVERRIDE=0), then
 #               TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) if time is left; tokens/s and MFU beside eager
+#   offload     the same GPT, fp32, with parameters, gradients and optimizer states in pinned host
+#               memory (4 steps), then parameters alone if time is left: step time and the device's
+#               peak beside the bench's fp32 run
 #
 # The summary goes to $OUT/summary.txt when OUT is set (phase logs to $OUT/device-logs/), else to
 # <build>/summary.txt. Exit status 0 when every phase passed.
@@ -268,15 +272,15 @@ if [ -n "$eager_pid" ]; then wait "$eager_pid"; fi
 # --- GPU tests -------------------------------------------------------------------------------------------
 if [ $build_rc -ne 0 ]; then
   record gpu-tests skip 0 "no build"
-elif [ "$(limit 60 80)" -lt 20 ]; then
+elif [ "$(limit 150 80)" -lt 20 ]; then
   record gpu-tests TIMEOUT 0 "no time left"
 else
   listed=$(cd "$build" && ctest -N -L "$label" 2>/dev/null | sed -n 's/^Total Tests: //p')
   if [ "${listed:-0}" -eq 0 ]; then
     record gpu-tests NONE 0 "no ctest test carries the label '$label' (see the ASSUMPTION at the top of this script)"
   else
-    run_phase gpu-tests "$(limit 60 80)" "$logs/gpu-tests.log" \
-      ctest --test-dir "$build" -L "$label" --output-on-failure -j 8
+    run_phase gpu-tests "$(limit 150 80)" "$logs/gpu-tests.log" \
+      ctest --test-dir "$build" -L "$label" -V -j 8
     line=$(grep -E 'tests passed' "$logs/gpu-tests.log" | tail -1)
     skipped=$(grep -c '\*\*\*Skipped\|Not Run' "$logs/gpu-tests.log")
     st=$(status_of $ph_rc)
@@ -376,6 +380,7 @@ for who in ("ptrain", "eager"):
         else:
             try:
                 t = [json.loads(l) for l in open(os.path.join(d, f"ptrain_{m}", "metrics.jsonl"))]
+                mem = max((x.get("peak_device_mb", 0) for x in t), default=0) / 1024 or None
                 t = [x["step_time_s"] for x in t if "step_time_s" in x and x["step"] > warm]
                 step = statistics.median(t) if t else None
             except Exception:
@@ -400,6 +405,49 @@ EOF
 )
   while IFS= read -r line; do extra+=("$line"); done <<<"$table"
   record bench "$bench_status" 0 "$bench_note"
+fi
+
+# --- offload: the same GPT with its tensors at rest in pinned host memory ----------------------------------
+offload_run() {  # NAME LIMIT OVERRIDES...: 4 steps of gpt_1b.yaml, fp32, metrics in $bench_dir/offload_NAME
+  local name=$1 lim=$2
+  shift 2
+  rm -rf "$bench_dir/offload_$name"
+  run_phase "offload-$name" "$lim" "$logs/offload-$name.log" env NVIDIA_TF32_OVERRIDE=0 "$build/bin/ptrain" run \
+    tools/device/gpt_1b.yaml --nproc 1 --run-dir "$bench_dir/offload_$name" launch.nproc=1 device=cuda \
+    train.steps=4 "$@"
+}
+if [ $skip_bench -eq 1 ] || [ $build_rc -ne 0 ] || [ -z "$gpu_name" ]; then
+  record offload skip 0 "no build, no GPU or --skip-bench"
+elif [ "$(limit 110 0)" -lt 60 ]; then
+  record offload TIMEOUT 0 "no time left"
+else
+  offload_run all "$(limit 110 0)" offload.params=true offload.grads=true offload.optimizer=true
+  offload_note="params+grads+optimizer $(status_of $ph_rc) ${ph_s}s"
+  offload_status=$(status_of $ph_rc)
+  if [ "$(limit 110 0)" -ge 60 ]; then
+    offload_run params "$(limit 110 0)" offload.params=true
+    offload_note="$offload_note, params $(status_of $ph_rc) ${ph_s}s"
+  fi
+  table=$("$python" - "$bench_dir" <<'EOF'
+import json, os, statistics, sys
+d = sys.argv[1]
+print("\noffload (pinned host tier), the bench's GPT in fp32: median step time after the first two steps and the")
+print("device's peak (libtorch's caching allocator); 'none' is the bench's fp32 run")
+print(f"  {'offload':<24}{'step s':>8}{'peak GB':>9}")
+for name, folder in (("none", "ptrain_fp32"), ("params+grads+optimizer", "offload_all"), ("params", "offload_params")):
+    try:
+        rows = [json.loads(l) for l in open(os.path.join(d, folder, "metrics.jsonl"))]
+    except Exception:
+        print(f"  {name:<24}{'no result':>8}")
+        continue
+    steps = [r["step_time_s"] for r in rows if "step_time_s" in r and r["step"] > 2]
+    peak = max((r.get("peak_device_mb", 0) for r in rows), default=0) / 1024
+    step = f"{statistics.median(steps):8.3f}" if steps else f"{'-':>8}"
+    print(f"  {name:<24}{step}{peak:>9.1f}")
+EOF
+)
+  while IFS= read -r line; do extra+=("$line"); done <<<"$table"
+  record offload "$offload_status" 0 "$offload_note"
 fi
 
 finish

@@ -6,6 +6,7 @@
 #include "ptrain/core/text.h"
 
 #if PTRAIN_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -14,6 +15,19 @@
 namespace ptrain {
 
 int cudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+double peakDeviceMemoryMb(at::Device device) {
+#if PTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    // Entry 0: the aggregate over the small and large pools (StatType
+    // moved between namespaces across libtorch releases).
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
+  }
+#endif
+  (void)device;
+  return 0;
+}
 
 std::string cudaDeviceName(int index) {
 #if PTRAIN_WITH_CUDA

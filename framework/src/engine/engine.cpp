@@ -185,6 +185,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
                         {"peak_rss_mb", peakRssMb()},
                         // Rank 0's: its share of the global batch.
                         {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
+    if (runtime->device().is_cuda()) line["peak_device_mb"] = peakDeviceMemoryMb(runtime->device());
     if (!result.applied) line["skipped"] = true;
     if (opCounter) line["aten_ops"] = ops;
     for (const auto& [k, v] : result.stats) line[k] = v;

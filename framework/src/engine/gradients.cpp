@@ -6,13 +6,13 @@
 
 namespace ptrain {
 
-int64_t allReduceGradients(std::vector<at::Tensor>& params, ProcessGroup& group) {
+int64_t allReduceGradients(std::vector<at::Tensor>& params, ProcessGroup& group, at::Device device) {
   if (params.empty()) return 0;
   int64_t total = 0;
   for (const auto& p : params) total += p.numel();
   const at::Tensor& first = params.front();
   const auto dtype = first.grad().defined() ? first.grad().scalar_type() : first.scalar_type();
-  at::Tensor buffer = torch::zeros({total}, first.options().dtype(dtype).requires_grad(false));
+  at::Tensor buffer = torch::zeros({total}, first.options().dtype(dtype).device(device).requires_grad(false));
   int64_t offset = 0;
   for (const auto& p : params) {
     if (p.grad().defined()) buffer.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));

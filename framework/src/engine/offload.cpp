@@ -44,6 +44,12 @@ fs::path existingAncestor(fs::path p) {
   return p;
 }
 
+// Where the model computes decides the tier.
+bool computesOnCuda(const Recipe& recipe) {
+  const std::string device = recipe.getString("device");
+  return device == "cuda" || (device == "auto" && cudaDeviceCount() > 0);
+}
+
 }  // namespace
 
 std::vector<std::string> checkOffload(const Recipe& recipe) {
@@ -51,12 +57,16 @@ std::vector<std::string> checkOffload(const Recipe& recipe) {
   if (!OffloadSettings::fromRecipe(recipe, "").any()) return problems;
   const std::string key = firstKeyOn(recipe);
   const std::string where = recipe.location(key).str() + ": ";
-  const std::string device = recipe.getString("device");
-  if (device == "cuda" || (device == "auto" && cudaDeviceCount() > 0)) {
-    problems.push_back(where + key.substr(key.find('.') + 1) +
-                       "=true: offload/tiered serves the cpu device only (its disk tier); the pinned host tier for "
-                       "cuda is not built yet; set it to false, or run with device: cpu");
-    return problems;
+  const std::string tier = recipe.getString("offload.tier");
+  const bool cuda = computesOnCuda(recipe);
+  if (cuda && tier == "disk") {
+    problems.push_back(recipe.location("offload.tier").str() +
+                       ": offload.tier=disk serves the cpu device; on cuda tensors rest in pinned host memory: set "
+                       "offload.tier to auto or pinned, or run with device: cpu");
+  } else if (!cuda && tier == "pinned") {
+    problems.push_back(recipe.location("offload.tier").str() +
+                       ": offload.tier=pinned serves the cuda device (pinned host memory the GPU copies from); on "
+                       "cpu tensors rest on disk: set offload.tier to auto or disk, or run with device: cuda");
   }
   if (recipe.getBool("optimizer.distributed")) {
     problems.push_back(where + key.substr(key.find('.') + 1) +
@@ -68,7 +78,8 @@ std::vector<std::string> checkOffload(const Recipe& recipe) {
 
 std::vector<std::string> checkOffloadFolder(const Recipe& recipe, const std::string& runDir) {
   std::vector<std::string> problems;
-  if (!OffloadSettings::fromRecipe(recipe, runDir).any()) return problems;
+  // The pinned host tier (cuda) writes no files.
+  if (!OffloadSettings::fromRecipe(recipe, runDir).any() || computesOnCuda(recipe)) return problems;
   const std::string key = firstKeyOn(recipe);
   const std::string where = recipe.location(key).str() + ": ";
   const fs::path folder = runDir.empty() ? fs::path("runs") / recipe.name() : fs::path(runDir);

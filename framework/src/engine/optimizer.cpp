@@ -1,5 +1,6 @@
 #include "ptrain/engine/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -87,31 +88,34 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std:
 
 bool Optimizer::step(double lr, double gradScale) {
   torch::NoGradGuard noGrad;
-  std::vector<Item> items;
-  items.reserve(params_.size());
-  for (size_t k = 0; k < params_.size(); ++k) {
+  // One parameter's item, made from the tensors as they are now (an
+  // update_observer may just have moved them).
+  auto itemOf = [&](size_t k) {
     const at::Tensor& p = params_[k];
-    if (!p.grad().defined()) continue;
     const ParamGroup& g = groups_[groupOf_[k]];
-    if (master_[k].defined()) {
-      items.push_back(Item{k, master_[k], p.grad().to(at::kFloat), lr * g.lr_scale, g.weight_decay});
-    } else {
-      items.push_back(Item{k, p, p.grad(), lr * g.lr_scale, g.weight_decay});
-    }
-  }
+    if (master_[k].defined()) return Item{k, master_[k], p.grad().to(at::kFloat), lr * g.lr_scale, g.weight_decay};
+    return Item{k, p, p.grad(), lr * g.lr_scale, g.weight_decay};
+  };
   ++step_;
   if (!update_observer) {
+    std::vector<Item> items;
+    items.reserve(params_.size());
+    for (size_t k = 0; k < params_.size(); ++k)
+      if (params_[k].grad().defined()) items.push_back(itemOf(k));
     update(items, gradScale, step_);
     for (const Item& item : items) {
       if (master_[item.index].defined()) params_[item.index].copy_(master_[item.index]);
     }
     return true;
   }
-  for (const Item& item : items) {
-    update_observer(item.index, false);
-    update({item}, gradScale, step_);
-    if (master_[item.index].defined()) params_[item.index].copy_(master_[item.index]);
-    update_observer(item.index, true);
+  // The item is made after the observer brought the parameter's tensors to
+  // where the update runs (an offload tier: the host or the device).
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!params_[k].grad().defined()) continue;
+    update_observer(k, false);
+    update({itemOf(k)}, gradScale, step_);
+    if (master_[k].defined()) params_[k].copy_(master_[k]);
+    update_observer(k, true);
   }
   return true;
 }
@@ -302,19 +306,24 @@ std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::
 }
 
 double globalGradNorm(const std::vector<at::Tensor>& params,
-                      const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted) {
+                      const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted,
+                      std::optional<at::Device> device) {
   torch::NoGradGuard noGrad;
-  std::vector<at::Tensor> countedGrads;
-  at::Device device = at::kCPU;
+  // The counted gradients by the device they rest on, in their order.
+  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> byDevice;
   for (size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
-    device = p.device();
-    if (p.grad().defined() && (counted.empty() || counted[i])) countedGrads.push_back(p.grad());
+    const at::Tensor& g = params[i].grad();
+    if (!g.defined() || !(counted.empty() || counted[i])) continue;
+    if (!device) device = g.device();
+    auto it = std::find_if(byDevice.begin(), byDevice.end(), [&](const auto& d) { return d.first == g.device(); });
+    if (it == byDevice.end()) it = byDevice.insert(byDevice.end(), {g.device(), {}});
+    it->second.push_back(g);
   }
-  at::Tensor total = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device));
-  if (!countedGrads.empty()) {
-    auto norms = at::_foreach_norm(countedGrads, 2);
-    total = torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+  const at::Device home = device.value_or(params.empty() ? at::Device(at::kCPU) : params.front().device());
+  at::Tensor total = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(home));
+  for (const auto& [where, grads] : byDevice) {
+    auto norms = at::_foreach_norm(grads, 2);
+    total += torch::stack(norms).to(torch::kFloat64).pow(2).sum().to(home);
   }
   if (sumSquares) sumSquares(total);
   return std::sqrt(total.item<double>());

@@ -382,7 +382,7 @@ StepResult ModelRuntime::step(const StepInput& input) {
   std::function<void(at::Tensor&)> sumOverWorld;
   if (comm_.worldSize() > 1) sumOverWorld = [this](at::Tensor& t) { comm_.world().allreduce(t)->wait(); };
   const auto& params = optimizer_->parameters();
-  result.grad_norm = globalGradNorm(params, sumOverWorld, countedInNorm_) / lossScale;
+  result.grad_norm = globalGradNorm(params, sumOverWorld, countedInNorm_, device()) / lossScale;
   result.lr = learningRate(*options_.optimizer, optimizer_->stepCount());
   GradientCheck check{&params, result.grad_norm};
   bool allowed = true;

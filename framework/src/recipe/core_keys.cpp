@@ -121,8 +121,8 @@ void describeCoreKeys(Schema& s) {
   s.add(key("offload.params", T::kBool, "false", "Keep each block's parameters in the offload tier between its forward and backward passes (offload/tiered)."));
   s.add(key("offload.grads", T::kBool, "false", "Keep gradients in the offload tier; backward accumulates into them there."));
   s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer states and float32 masters in the offload tier; the optimizer steps one parameter at a time on the host."));
-  s.add(oneOf(key("offload.tier", T::kString, "auto", "Where offloaded tensors rest: `disk` (memory-mapped files under the run folder's offload/, on cpu); `auto` picks the tier of the device."),
-              {"auto", "disk"}));
+  s.add(oneOf(key("offload.tier", T::kString, "auto", "Where offloaded tensors rest: `disk` (memory-mapped files under the run folder's offload/, on cpu), `pinned` (page-locked host memory, on cuda); `auto` picks the tier of the device."),
+              {"auto", "disk", "pinned"}));
 
   s.add(key("fusion.masked_softmax", T::kBool, "false", "Attention's scale, causal or padding mask and softmax in one pass, forward and backward."));
   s.add(key("fusion.bias_gelu", T::kBool, "false", "The MLP's bias add and GELU in one pass, forward and backward."));

@@ -50,7 +50,7 @@ struct ReduceSet {
 
 class DataParallel final : public ParallelPlugin {
  public:
-  explicit DataParallel(const PluginContext& ctx) {
+  explicit DataParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) {
       bucketBytes_ = static_cast<int64_t>(ctx.recipe->getFloat("parallel.grad_bucket_size_mb") * (1 << 20));
       overlap_ = ctx.recipe->getBool("parallel.overlap_grad_reduce");
@@ -172,7 +172,9 @@ class DataParallel final : public ParallelPlugin {
     }
     if (!b.buffer.defined() || b.buffer.scalar_type() != dtype) {
       const int64_t n = b.offsets.back() + b.params.back().numel();
-      b.buffer = torch::empty({n}, b.params.front().options().dtype(dtype).requires_grad(false));
+      // On the model's device, where the collectives run (an offloaded
+      // parameter may rest on the host).
+      b.buffer = torch::empty({n}, b.params.front().options().dtype(dtype).device(device_).requires_grad(false));
     }
     for (size_t i = 0; i < b.params.size(); ++i) {
       const auto& p = b.params[i];
@@ -185,6 +187,7 @@ class DataParallel final : public ParallelPlugin {
     ++set.nextToLaunch;
   }
 
+  at::Device device_;
   int64_t bucketBytes_ = 4 << 20;
   bool overlap_ = true;
   bool armed_ = false;

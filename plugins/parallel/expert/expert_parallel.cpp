@@ -122,7 +122,7 @@ class ExpertParallel final : public ParallelPlugin {
   // fc2's bias under expert tensor parallelism: member 0 computed its
   // gradient (the others add no bias), every member needs it.
   void finishGradients() override {
-    if (!etpPartial_.empty()) allReduceGradients(etpPartial_, *etpGroup_);
+    if (!etpPartial_.empty()) allReduceGradients(etpPartial_, *etpGroup_, device_);
   }
 
   void beginStep(const StepInfo& info) override {

@@ -30,7 +30,7 @@ using namespace ptrain;
 
 class TensorParallel final : public ParallelPlugin {
  public:
-  explicit TensorParallel(const PluginContext& ctx) {
+  explicit TensorParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
   }
 
@@ -50,7 +50,7 @@ class TensorParallel final : public ParallelPlugin {
 
   void beginStep(const StepInfo&) override { state_->comm_bytes = 0; }
 
-  void finishGradients() override { state_->comm_bytes += allReduceGradients(partial_, *state_->group); }
+  void finishGradients() override { state_->comm_bytes += allReduceGradients(partial_, *state_->group, device_); }
 
   std::map<std::string, double> stepStats() const override {
     if (!state_) return {};
@@ -58,6 +58,7 @@ class TensorParallel final : public ParallelPlugin {
   }
 
  private:
+  at::Device device_;
   bool sequenceParallel_ = false;
   std::shared_ptr<nn::TensorParallelState> state_;
   std::vector<at::Tensor> partial_;  // parameters whose gradients are all-reduced in finishGradients

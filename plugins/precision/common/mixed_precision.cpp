@@ -83,7 +83,10 @@ bool MixedPrecision::mayStep(const GradientCheck& check) {
   // when one holds NaN, finite otherwise (a max cannot overflow).
   double found = 0;
   if (!grads.empty()) {
-    at::Tensor largest = torch::stack(at::_foreach_norm(grads, std::numeric_limits<double>::infinity())).max();
+    // Offloaded gradients rest on the host: the maxima meet on the device.
+    auto maxima = at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
+    for (auto& m : maxima) m = m.to(ctx_.device);
+    at::Tensor largest = torch::stack(maxima).max();
     found = std::isfinite(largest.item<double>()) ? 0.0 : 1.0;
   }
   at::Tensor flag = torch::tensor({found}, torch::TensorOptions(torch::kFloat32).device(ctx_.device));

@@ -17,6 +17,11 @@ PTRAIN_API int cudaDeviceCount();
 PTRAIN_API std::string cudaDeviceName(int index);
 PTRAIN_API double cudaDeviceMemoryGib(int index);
 
+// The most memory libtorch's caching allocator has held for tensors on
+// `device` since the process began, in MB; 0 for the cpu (peakRssMb() is the
+// host's) and in builds without CUDA.
+PTRAIN_API double peakDeviceMemoryMb(at::Device device);
+
 // `requested` is the recipe's device: "cpu", "cuda", or "auto" (cuda when a
 // GPU is visible). On cuda, the worker with local rank r takes GPU r and
 // makes it the calling thread's current device; a worker without a GPU of its

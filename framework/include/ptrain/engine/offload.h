@@ -39,8 +39,8 @@ struct PTRAIN_API OffloadSettings {
   bool params = false;
   bool grads = false;
   bool optimizer = false;
-  // auto: disk on cpu (memory-mapped files under `folder`); `disk` asks for
-  // it by name.
+  // auto: disk on cpu (memory-mapped files under `folder`), pinned on cuda
+  // (page-locked host memory); `disk` and `pinned` ask for one by name.
   std::string tier = "auto";
   std::string folder;  // the run folder's offload/ subfolder
 
@@ -49,7 +49,7 @@ struct PTRAIN_API OffloadSettings {
 };
 
 // Settings that cannot work, one line each (location, key, what to change):
-// offload on a device no tier serves yet (cuda), offload together with
+// a tier named for the other device, offload together with
 // optimizer.distributed. Empty when offload is off. `ptrain check` and
 // `ptrain run` ask it.
 PTRAIN_API std::vector<std::string> checkOffload(const Recipe& recipe);

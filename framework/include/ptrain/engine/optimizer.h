@@ -24,6 +24,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -107,8 +108,10 @@ class PTRAIN_API Optimizer {
   // When set, step() updates the parameters one at a time and calls it
   // before (done = false) and after (done = true) each one's update, with its
   // index in parameters(): an offload tier brings the parameter's tensors in
-  // and writes them back. The arithmetic is the same (every kernel is
-  // element-wise).
+  // and writes them back. The update reads the parameter, its gradient and
+  // its state after the observer returns, so the observer may move them (to
+  // the host, where an offloaded optimizer steps). The arithmetic is the same
+  // (every kernel is element-wise).
   std::function<void(size_t index, bool done)> update_observer;
 
   // State as named tensors "<slot>.<param>" (e.g. "exp_avg.blocks.0.w",
@@ -161,11 +164,14 @@ PTRAIN_API std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::s
 // The global L2 norm of the gradients of `params`. `counted` says which of
 // them this rank adds to the norm (empty: all), so a parameter replicated
 // across ranks is counted once; `sumSquares`, when given, turns the local sum
-// of squares (a float64 scalar on the gradients' device) into the global one
-// (e.g. an all-reduce over the world).
+// of squares (a float64 scalar on `device`, where the model computes; by
+// default the first gradient's) into
+// the global one (e.g. an all-reduce over the world). Gradients may rest on
+// other devices (an offload tier's host memory): each is normed where it is.
 PTRAIN_API double globalGradNorm(const std::vector<at::Tensor>& params,
                                  const std::function<void(at::Tensor&)>& sumSquares = {},
-                                 const std::vector<bool>& counted = {});
+                                 const std::vector<bool>& counted = {},
+                                 std::optional<at::Device> device = std::nullopt);
 
 // The factor that brings gradients of global norm `norm` down to `maxNorm`:
 // maxNorm / (norm + 1e-6) when norm exceeds it, else 1 (and 1 when maxNorm <= 0).
