@@ -31,6 +31,8 @@ packages=(
   libcli11-dev
   libgloo-dev             # headers for c10d ProcessGroupGloo (the library ships with libtorch)
   nlohmann-json3-dev
+  zlib1g-dev              # reads the gzip-compressed IDX files of Fashion-MNIST
+  dataset-fashion-mnist   # the items of the detection trainer's mosaic dataset (datasets/mosaic)
   python3-torch           # PyTorch eager on the same libtorch, for `make bench`
   python3-venv            # the environment --pypi installs PyTorch 2.x into
 )

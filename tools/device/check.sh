@@ -8,8 +8,8 @@
 #   tools/device/check.sh --configure-only           # unpack and configure, report where each package
 #                                                    # was found, stop (no GPU needed)
 #
-# tools/device/debs/ is git-ignored: whatever copies the tree to the GPU machine must carry it (16 files,
-# 11.6 MiB; 182 MB once unpacked, under the build folder). Other options: --build DIR (default
+# tools/device/debs/ is git-ignored: whatever copies the tree to the GPU machine must carry it (18 files,
+# 12.5 MiB; 183 MB once unpacked, under the build folder). Other options: --build DIR (default
 # build-device, relative to the tree's root), --jobs N (default: every core), --budget SECONDS (default
 # 450 for the whole script: each phase's limit is cut to leave the later phases their minimum),
 # --test-label L (default gpu), --quickstart-nproc N (default 1), --skip-bench.

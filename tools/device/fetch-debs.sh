@@ -4,7 +4,7 @@
 #
 #   tools/device/fetch-debs.sh          # on Debian 12 with network; no root needed (apt-get download)
 #
-# Today: 16 files, 11.6 MiB, 9.1 MiB of it libboost1.74-dev (the Boost headers, 135 MB unpacked).
+# Today: 18 files, 12.5 MiB, 9.1 MiB of it libboost1.74-dev (the Boost headers, 135 MB unpacked).
 #
 # The wheel brings libtorch (CUDA, c10d, NCCL); these bring the rest: yaml-cpp, spdlog, fmt, Boost headers
 # and Boost.Filesystem, GoogleTest/GoogleMock, CLI11, nlohmann-json and Gloo's headers, each with the
@@ -32,6 +32,7 @@ packages=(
   libcli11-dev                                                # CLI11 2.1 (headers)
   nlohmann-json3-dev                                          # nlohmann-json 3.11 (headers)
   libgloo-dev                                                 # headers only: libtorch has Gloo itself
+  zlib1g-dev zlib1g                                           # zlib (datasets/mosaic reads gzip files)
 )
 
 if [ -r /etc/os-release ]; then

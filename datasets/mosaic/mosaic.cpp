@@ -1,0 +1,409 @@
+#include "ptrain/datasets/mosaic.h"
+
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace ptrain::datasets {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+constexpr int64_t kPixels = kFashionMnistSide * kFashionMnistSide;
+constexpr uint32_t kIdxImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
+constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
+// Source images drawn for one item before giving it up: a draw is only
+// rejected when the scaled image has no pixel above the foreground level,
+// which no Fashion-MNIST image is known to do.
+constexpr int kSourceTries = 16;
+
+// splitmix64's output function (Steele, Lea, Flood 2014): a bijective mix with
+// full avalanche, so nearby (seed, split, index) triples give unrelated streams.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t combine(uint64_t h, uint64_t value) { return mix64(h ^ mix64(value + kGolden)); }
+
+// splitmix64 generator, written out rather than taken from <random>: std::
+// distributions are implementation-defined, and every rank on any platform
+// must draw the very same canvases.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() { return mix64(state_ += kGolden); }
+  // Uniform in [0, n), n > 0, without modulo bias (rejects the short tail).
+  uint64_t below(uint64_t n) {
+    const uint64_t threshold = (0 - n) % n;  // 2^64 mod n
+    for (;;) {
+      uint64_t r = next();
+      if (r >= threshold) return r % n;
+    }
+  }
+  // Uniform in [0, 1) on the 53-bit grid of doubles.
+  double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t sampleSeed(const MosaicOptions& options, MosaicSplit split, int64_t index) {
+  const bool train = split == MosaicSplit::kTrain;
+  const uint64_t seed = train ? options.seed : kMosaicValidationSeed;
+  const uint64_t h = combine(mix64(seed + kGolden), train ? 0 : 1);
+  return combine(h, static_cast<uint64_t>(index));
+}
+
+// ---- Fashion-MNIST files ----
+
+std::string splitFile(const std::string& directory, MosaicSplit split, const char* kind) {
+  return directory + "/" + (split == MosaicSplit::kTrain ? "train" : "t10k") + "-" + kind + "-ubyte.gz";
+}
+
+// A gzip file read from start to end in order, with the file name in every error.
+class GzReader {
+ public:
+  explicit GzReader(std::string path) : path_(std::move(path)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path_, ec)) {
+      throw ConfigError("mosaic dataset: Fashion-MNIST file " + path_ +
+                        " is missing; install it with `apt-get install dataset-fashion-mnist` (or tools/install-deps.sh)");
+    }
+    file_ = gzopen(path_.c_str(), "rb");
+    if (file_ == nullptr) {
+      throw ConfigError("mosaic dataset: cannot open " + path_ + ": " + std::strerror(errno));
+    }
+  }
+  ~GzReader() { gzclose(file_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  void read(uint8_t* out, int64_t bytes) {
+    int64_t done = 0;
+    while (done < bytes) {
+      const unsigned chunk = static_cast<unsigned>(std::min<int64_t>(bytes - done, INT_MAX / 2));
+      const int got = gzread(file_, out + done, chunk);
+      if (got < 0) {
+        int code = 0;
+        const char* message = gzerror(file_, &code);
+        throw ConfigError("mosaic dataset: cannot read " + path_ + ": " + message);
+      }
+      if (got == 0) {
+        throw ConfigError(detail::concat("mosaic dataset: ", path_, " is truncated: it ends after ", done,
+                                         " of the ", bytes, " bytes its header announces"));
+      }
+      done += got;
+    }
+  }
+
+  uint32_t readBigEndian32() {
+    uint8_t b[4];
+    read(b, 4);
+    return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+};
+
+// The scaled item's pixels above the foreground level: [x0, x1) x [y0, y1),
+// empty when x1 == 0.
+struct TightBox {
+  int64_t x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+};
+
+TightBox tightBox(const std::vector<float>& item, int64_t size) {
+  TightBox box{size, size, 0, 0};
+  for (int64_t y = 0; y < size; ++y) {
+    for (int64_t x = 0; x < size; ++x) {
+      if (item[static_cast<size_t>(y * size + x)] > static_cast<float>(kMosaicForegroundLevel)) {
+        box.x0 = std::min(box.x0, x);
+        box.y0 = std::min(box.y0, y);
+        box.x1 = std::max(box.x1, x + 1);
+        box.y1 = std::max(box.y1, y + 1);
+      }
+    }
+  }
+  if (box.x1 == 0) box = TightBox{};
+  return box;
+}
+
+double iou(const MosaicBox& a, const MosaicBox& b) {
+  const int64_t iw = std::min(a.x + a.width, b.x + b.width) - std::max(a.x, b.x);
+  const int64_t ih = std::min(a.y + a.height, b.y + b.height) - std::max(a.y, b.y);
+  if (iw <= 0 || ih <= 0) return 0;
+  const int64_t inter = iw * ih;
+  return static_cast<double>(inter) / static_cast<double>(a.area + b.area - inter);
+}
+
+// One canvas on the 0-1 scale, row-major, and its boxes.
+struct Canvas {
+  std::vector<float> pixels;
+  std::vector<MosaicBox> boxes;
+};
+
+Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index) {
+  if (auto problem = checkMosaicOptions(options)) throw ConfigError("mosaic dataset: " + *problem);
+  PTRAIN_CHECK(index >= 0, "mosaic dataset: canvas index ", index, " is negative");
+  const FashionMnistImages& source = fashionMnist(split);
+  const int64_t side = options.canvas;
+  SplitMix64 rng(sampleSeed(options, split, index));
+
+  Canvas canvas;
+  canvas.pixels.assign(static_cast<size_t>(side * side), 0.0f);
+  const int64_t items =
+      options.min_items + static_cast<int64_t>(rng.below(static_cast<uint64_t>(options.max_items - options.min_items + 1)));
+  for (int64_t k = 0; k < items; ++k) {
+    int64_t sourceIndex = 0;
+    int64_t size = 0;
+    std::vector<float> item;
+    TightBox tight;
+    for (int attempt = 0; attempt < kSourceTries && tight.x1 == 0; ++attempt) {
+      sourceIndex = static_cast<int64_t>(rng.below(static_cast<uint64_t>(source.count)));
+      const double scale = options.min_scale + (options.max_scale - options.min_scale) * rng.unit();
+      size = std::clamp<int64_t>(std::lround(scale * kFashionMnistSide), 1, side);
+      item = mosaicScaleItem(source.image(sourceIndex), size);
+      tight = tightBox(item, size);
+    }
+    if (tight.x1 == 0) continue;
+
+    MosaicBox box;
+    box.width = tight.x1 - tight.x0;
+    box.height = tight.y1 - tight.y0;
+    box.area = box.width * box.height;
+    box.label = source.labels[static_cast<size_t>(sourceIndex)];
+    box.source_index = sourceIndex;
+    box.scale = static_cast<double>(size) / kFashionMnistSide;
+    bool placed = false;
+    int64_t left = 0, top = 0;
+    for (int attempt = 0; attempt < kMosaicPlacementTries && !placed; ++attempt) {
+      left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(side - size + 1)));
+      top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(side - size + 1)));
+      box.x = left + tight.x0;
+      box.y = top + tight.y0;
+      placed = std::all_of(canvas.boxes.begin(), canvas.boxes.end(),
+                           [&](const MosaicBox& other) { return iou(box, other) <= options.max_iou; });
+    }
+    if (!placed) continue;
+
+    // Max compositing: an item never hides the foreground of one placed
+    // before it, so every box keeps pixels above the foreground level.
+    for (int64_t y = 0; y < size; ++y) {
+      float* row = canvas.pixels.data() + (top + y) * side + left;
+      const float* from = item.data() + y * size;
+      // Divided rather than multiplied by 1/255, and capped, so a full-white
+      // pixel is exactly 1 (interpolating 255 with 255 can round above it).
+      for (int64_t x = 0; x < size; ++x) row[x] = std::max(row[x], std::min(1.0f, from[x] / 255.0f));
+    }
+    canvas.boxes.push_back(box);
+  }
+  // The first item meets an empty canvas that is wide enough for it, so only
+  // a data set of blank images can leave a canvas without boxes.
+  PTRAIN_CHECK(!canvas.boxes.empty(), "mosaic dataset: ", mosaicSplitName(split), " canvas ", index,
+               " has no item: ", kSourceTries, " source images in a row had no pixel above level ",
+               kMosaicForegroundLevel);
+  return canvas;
+}
+
+}  // namespace
+
+const char* mosaicSplitName(MosaicSplit split) {
+  return split == MosaicSplit::kTrain ? "train" : "validation";
+}
+
+FashionMnistImages loadFashionMnist(const std::string& directory, MosaicSplit split) {
+  FashionMnistImages data;
+  GzReader images(splitFile(directory, split, "images-idx3"));
+  const uint32_t imageMagic = images.readBigEndian32();
+  PTRAIN_CHECK_AS(ConfigError, imageMagic == kIdxImagesMagic, "mosaic dataset: ", images.path(),
+                  " is not an IDX file of images (magic 0x", std::hex, imageMagic, ", expected 0x", kIdxImagesMagic,
+                  ")");
+  const int64_t count = images.readBigEndian32();
+  const int64_t rows = images.readBigEndian32();
+  const int64_t cols = images.readBigEndian32();
+  PTRAIN_CHECK_AS(ConfigError, count > 0 && rows == kFashionMnistSide && cols == kFashionMnistSide,
+                  "mosaic dataset: ", images.path(), " holds ", count, " images of ", rows, "x", cols,
+                  "; expected Fashion-MNIST's 28x28");
+  data.count = count;
+  data.pixels.resize(static_cast<size_t>(count * kPixels));
+  images.read(data.pixels.data(), count * kPixels);
+
+  GzReader labels(splitFile(directory, split, "labels-idx1"));
+  const uint32_t labelMagic = labels.readBigEndian32();
+  PTRAIN_CHECK_AS(ConfigError, labelMagic == kIdxLabelsMagic, "mosaic dataset: ", labels.path(),
+                  " is not an IDX file of labels (magic 0x", std::hex, labelMagic, ", expected 0x", kIdxLabelsMagic,
+                  ")");
+  const int64_t labelCount = labels.readBigEndian32();
+  PTRAIN_CHECK_AS(ConfigError, labelCount == count, "mosaic dataset: ", labels.path(), " holds ", labelCount,
+                  " labels for the ", count, " images of ", images.path());
+  data.labels.resize(static_cast<size_t>(count));
+  labels.read(data.labels.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    PTRAIN_CHECK_AS(ConfigError, data.labels[static_cast<size_t>(i)] < kFashionMnistClasses, "mosaic dataset: ",
+                    labels.path(), ": label ", int{data.labels[static_cast<size_t>(i)]}, " of image ", i,
+                    " is not a Fashion-MNIST class (0-9)");
+  }
+  return data;
+}
+
+const FashionMnistImages& fashionMnist(MosaicSplit split) {
+  // A mutex rather than std::call_once: a failed load must leave the slot
+  // empty for a later retry, and call_once's exceptional path has been
+  // unreliable in some libstdc++ releases.
+  static std::mutex mutex;
+  static std::unique_ptr<FashionMnistImages> loaded[2];
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<FashionMnistImages>& slot = loaded[split == MosaicSplit::kTrain ? 0 : 1];
+  if (!slot) slot = std::make_unique<FashionMnistImages>(loadFashionMnist(kFashionMnistDir, split));
+  return *slot;
+}
+
+std::optional<std::string> checkMosaicOptions(const MosaicOptions& o) {
+  using detail::concat;
+  if (o.min_items < 1) return concat("min_items=", o.min_items, " is below 1; a canvas holds at least one item");
+  if (o.max_items < o.min_items) {
+    return concat("max_items=", o.max_items, " is below min_items=", o.min_items);
+  }
+  if (!(o.min_scale > 0) || !(o.max_scale >= o.min_scale) || !std::isfinite(o.max_scale)) {
+    return concat("the scale range [", o.min_scale, ", ", o.max_scale, "] is not a range of positive numbers");
+  }
+  if (!(o.max_iou >= 0 && o.max_iou <= 1)) return concat("max_iou=", o.max_iou, " is outside [0, 1]");
+  const int64_t largest = std::max<int64_t>(1, std::lround(o.max_scale * kFashionMnistSide));
+  if (o.canvas < largest || o.canvas > 65536) {
+    return concat("canvas=", o.canvas, " cannot hold an item at max_scale=", o.max_scale, " (", largest,
+                  " pixels); use ", largest, "..65536");
+  }
+  return std::nullopt;
+}
+
+std::vector<float> mosaicScaleItem(const uint8_t* image, int64_t size) {
+  PTRAIN_CHECK(size >= 1, "mosaic dataset: item size ", size, " is below 1");
+  constexpr int64_t n = kFashionMnistSide;
+  // Source coordinate of each output row/column (the same both ways for a
+  // square): half-pixel centres, negative ones clamped to 0 as libtorch's
+  // bilinear interpolate does with align_corners=false.
+  const double ratio = static_cast<double>(n) / static_cast<double>(size);
+  std::vector<int64_t> lo(static_cast<size_t>(size)), hi(static_cast<size_t>(size));
+  std::vector<float> frac(static_cast<size_t>(size));
+  for (int64_t o = 0; o < size; ++o) {
+    const double c = std::max(0.0, (static_cast<double>(o) + 0.5) * ratio - 0.5);
+    const int64_t i = std::min<int64_t>(static_cast<int64_t>(c), n - 1);
+    lo[static_cast<size_t>(o)] = i;
+    hi[static_cast<size_t>(o)] = std::min<int64_t>(i + 1, n - 1);
+    frac[static_cast<size_t>(o)] = static_cast<float>(c - static_cast<double>(i));
+  }
+  std::vector<float> out(static_cast<size_t>(size * size));
+  for (int64_t y = 0; y < size; ++y) {
+    const uint8_t* top = image + lo[static_cast<size_t>(y)] * n;
+    const uint8_t* bottom = image + hi[static_cast<size_t>(y)] * n;
+    const float fy = frac[static_cast<size_t>(y)];
+    for (int64_t x = 0; x < size; ++x) {
+      const int64_t x0 = lo[static_cast<size_t>(x)], x1 = hi[static_cast<size_t>(x)];
+      const float fx = frac[static_cast<size_t>(x)];
+      const float upper = (1 - fx) * static_cast<float>(top[x0]) + fx * static_cast<float>(top[x1]);
+      const float lower = (1 - fx) * static_cast<float>(bottom[x0]) + fx * static_cast<float>(bottom[x1]);
+      out[static_cast<size_t>(y * size + x)] = (1 - fy) * upper + fy * lower;
+    }
+  }
+  return out;
+}
+
+MosaicSample mosaicSample(const MosaicOptions& options, MosaicSplit split, int64_t index) {
+  Canvas canvas = drawCanvas(options, split, index);
+  const int64_t side = options.canvas;
+  MosaicSample sample;
+  sample.image = torch::empty({1, side, side}, torch::kFloat32);
+  std::memcpy(sample.image.data_ptr<float>(), canvas.pixels.data(), canvas.pixels.size() * sizeof(float));
+  sample.boxes = std::move(canvas.boxes);
+  return sample;
+}
+
+Batch mosaicBatch(const MosaicOptions& options, MosaicSplit split, int64_t first, int64_t count) {
+  PTRAIN_CHECK(first >= 0 && count >= 0, "mosaic dataset: batch of ", count, " canvases from ", first,
+               " (both must be >= 0)");
+  const int64_t side = options.canvas;
+  const int64_t slots = options.max_items;
+  at::Tensor images = torch::empty({count, 1, side, side}, torch::kFloat32);
+  at::Tensor boxes = torch::zeros({count, slots, 4}, torch::kFloat32);
+  at::Tensor labels = torch::full({count, slots}, -1, torch::kInt64);
+  at::Tensor counts = torch::empty({count}, torch::kInt64);
+  float* img = images.data_ptr<float>();
+  float* box = boxes.data_ptr<float>();
+  int64_t* lab = labels.data_ptr<int64_t>();
+  int64_t* cnt = counts.data_ptr<int64_t>();
+  for (int64_t r = 0; r < count; ++r) {
+    const Canvas canvas = drawCanvas(options, split, first + r);
+    std::memcpy(img + r * side * side, canvas.pixels.data(), canvas.pixels.size() * sizeof(float));
+    const int64_t n = static_cast<int64_t>(canvas.boxes.size());
+    cnt[r] = n;
+    for (int64_t k = 0; k < n; ++k) {
+      const MosaicBox& b = canvas.boxes[static_cast<size_t>(k)];
+      float* row = box + (r * slots + k) * 4;
+      row[0] = static_cast<float>(b.x);
+      row[1] = static_cast<float>(b.y);
+      row[2] = static_cast<float>(b.width);
+      row[3] = static_cast<float>(b.height);
+      lab[r * slots + k] = b.label;
+    }
+  }
+  Batch batch;
+  batch.tensors.emplace("images", images);
+  batch.tensors.emplace("boxes", boxes);
+  batch.tensors.emplace("labels", labels);
+  batch.tensors.emplace("box_counts", counts);
+  return batch;
+}
+
+void writeCocoGroundTruth(const std::string& path, const MosaicOptions& options, int64_t count) {
+  PTRAIN_CHECK(count >= 0, "mosaic dataset: COCO export of ", count, " canvases");
+  nlohmann::json images = nlohmann::json::array();
+  nlohmann::json annotations = nlohmann::json::array();
+  int64_t annotationId = 1;
+  for (int64_t i = 0; i < count; ++i) {
+    const Canvas canvas = drawCanvas(options, MosaicSplit::kValidation, i);
+    std::ostringstream name;
+    name << "mosaic_val_" << std::setw(6) << std::setfill('0') << i << ".png";
+    images.push_back({{"id", i}, {"width", options.canvas}, {"height", options.canvas}, {"file_name", name.str()}});
+    for (const MosaicBox& b : canvas.boxes) {
+      annotations.push_back({{"id", annotationId++},
+                             {"image_id", i},
+                             {"category_id", mosaicCocoCategoryId(b.label)},
+                             {"bbox", {b.x, b.y, b.width, b.height}},
+                             {"area", b.area},
+                             {"iscrowd", 0}});
+    }
+  }
+  nlohmann::json categories = nlohmann::json::array();
+  for (int64_t label = 0; label < kFashionMnistClasses; ++label) {
+    categories.push_back(
+        {{"id", mosaicCocoCategoryId(label)}, {"name", kFashionMnistClassNames[label]}, {"supercategory", "fashion"}});
+  }
+  const nlohmann::json document = {{"info", {{"description", "ptrain mosaic validation canvases (Fashion-MNIST test split)"}}},
+                                   {"images", images},
+                                   {"annotations", annotations},
+                                   {"categories", categories}};
+  std::ofstream out(path);
+  out << document.dump() << '\n';
+  out.close();
+  PTRAIN_CHECK_AS(ConfigError, static_cast<bool>(out), "mosaic dataset: cannot write the COCO ground truth to ", path,
+                  ": ", std::strerror(errno));
+}
+
+}  // namespace ptrain::datasets
