@@ -1,0 +1,292 @@
+#include "centernet.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ptrain/core/error.h"
+#include "ptrain/nn/tp_comm.h"
+
+namespace ptrain::detection {
+
+namespace {
+
+torch::nn::Conv2dOptions convOptions(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+  return torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2);
+}
+
+nn::ParallelConv2dOptions parallelConv(int64_t in, int64_t out, int64_t kernel) {
+  nn::ParallelConv2dOptions o(in, out, kernel);
+  o.padding = {kernel / 2, kernel / 2};
+  return o;
+}
+
+// As the llm trainer seeds its parameters: FNV-1a of the name mixed with the
+// base seed (SplitMix64's finaliser), so names one character apart still
+// start far apart.
+uint64_t parameterSeed(uint64_t baseSeed, const std::string& name) {
+  uint64_t hash = 1469598037103934211ULL;
+  for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ULL;
+  uint64_t z = baseSeed + hash * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+double gaussianRadius(double height, double width, double minOverlap) {
+  // CenterNet's gaussian_radius, including its halving of the quadratics'
+  // roots (not divided by 2a), so the heatmaps are the ones it trains on.
+  const double a1 = 1, b1 = height + width, c1 = width * height * (1 - minOverlap) / (1 + minOverlap);
+  const double r1 = (b1 + std::sqrt(std::max(0.0, b1 * b1 - 4 * a1 * c1))) / 2;
+  const double a2 = 4, b2 = 2 * (height + width), c2 = (1 - minOverlap) * width * height;
+  const double r2 = (b2 + std::sqrt(std::max(0.0, b2 * b2 - 4 * a2 * c2))) / 2;
+  const double a3 = 4 * minOverlap, b3 = -2 * minOverlap * (height + width), c3 = (minOverlap - 1) * width * height;
+  const double r3 = (b3 + std::sqrt(std::max(0.0, b3 * b3 - 4 * a3 * c3))) / 2;
+  return std::max(0.0, std::min({r1, r2, r3}));
+}
+
+void addCenterNetTargets(Batch& batch, int64_t classes, int64_t canvas) {
+  const at::Tensor boxes = batch.at("boxes").to(torch::kFloat32).contiguous();
+  const at::Tensor labels = batch.at("labels").to(torch::kInt64).contiguous();
+  const at::Tensor counts = batch.at("box_counts").to(torch::kInt64).contiguous();
+  const int64_t n = boxes.size(0), k = boxes.size(1);
+  const int64_t side = canvas / kOutputStride;
+
+  at::Tensor heatmap = torch::zeros({n, classes, side, side});
+  at::Tensor centers = torch::zeros({n, k}, torch::kInt64);
+  at::Tensor sizes = torch::zeros({n, k, 2});
+  at::Tensor offsets = torch::zeros({n, k, 2});
+  at::Tensor mask = torch::zeros({n, k});
+  auto hm = heatmap.accessor<float, 4>();
+  auto ctr = centers.accessor<int64_t, 2>();
+  auto sz = sizes.accessor<float, 3>();
+  auto off = offsets.accessor<float, 3>();
+  auto msk = mask.accessor<float, 2>();
+  auto bx = boxes.accessor<float, 3>();
+  auto lb = labels.accessor<int64_t, 2>();
+  auto ct = counts.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < std::min(ct[i], k); ++j) {
+      const int64_t label = lb[i][j];
+      PTRAIN_CHECK(label >= 0 && label < classes, "centernet: label ", label, " outside [0, ", classes, ")");
+      const double w = bx[i][j][2] / kOutputStride, h = bx[i][j][3] / kOutputStride;
+      const double cx = (bx[i][j][0] + bx[i][j][2] / 2.0) / kOutputStride;
+      const double cy = (bx[i][j][1] + bx[i][j][3] / 2.0) / kOutputStride;
+      const int64_t x = std::clamp<int64_t>(static_cast<int64_t>(std::floor(cx)), 0, side - 1);
+      const int64_t y = std::clamp<int64_t>(static_cast<int64_t>(std::floor(cy)), 0, side - 1);
+      ctr[i][j] = y * side + x;
+      sz[i][j][0] = static_cast<float>(w);
+      sz[i][j][1] = static_cast<float>(h);
+      off[i][j][0] = static_cast<float>(cx - x);
+      off[i][j][1] = static_cast<float>(cy - y);
+      msk[i][j] = 1;
+      // draw_umich_gaussian: a (2r+1)^2 Gaussian with sigma = (2r+1)/6.
+      const int64_t r = static_cast<int64_t>(gaussianRadius(h, w));
+      const double sigma = (2.0 * static_cast<double>(r) + 1) / 6.0;
+      for (int64_t dy = -r; dy <= r; ++dy) {
+        for (int64_t dx = -r; dx <= r; ++dx) {
+          const int64_t yy = y + dy, xx = x + dx;
+          if (yy < 0 || yy >= side || xx < 0 || xx >= side) continue;
+          const float g = static_cast<float>(std::exp(-static_cast<double>(dx * dx + dy * dy) / (2 * sigma * sigma)));
+          hm[i][label][yy][xx] = std::max(hm[i][label][yy][xx], g);
+        }
+      }
+    }
+  }
+  batch.tensors["heatmap"] = heatmap;
+  batch.tensors["center_index"] = centers;
+  batch.tensors["size_target"] = sizes;
+  batch.tensors["offset_target"] = offsets;
+  batch.tensors["object_mask"] = mask;
+}
+
+// ---- modules ----
+
+CenterNetStemImpl::CenterNetStemImpl(const CenterNetConfig& c) {
+  conv1 = register_module("conv1", torch::nn::Conv2d(convOptions(1, c.stem_channels, 3, 2)));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(c.stem_channels));
+  conv2 = register_module("conv2", torch::nn::Conv2d(convOptions(c.stem_channels, c.channels, 3, 2)));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(c.channels));
+}
+
+at::Tensor CenterNetStemImpl::forward(const at::Tensor& images) {
+  at::Tensor x = torch::relu(bn1(conv1(images)));
+  return torch::relu(bn2(conv2(x)));
+}
+
+CenterNetBlockImpl::CenterNetBlockImpl(const CenterNetConfig& c) {
+  expand = register_module("expand", nn::ColumnParallelConv2d(parallelConv(c.channels, c.inner_channels, 3)));
+  bn = register_module("bn", nn::ChannelParallelBatchNorm2d(c.inner_channels));
+  up = register_module("up", nn::RowParallelConv2d(parallelConv(c.inner_channels, c.channels, 1)));
+}
+
+at::Tensor CenterNetBlockImpl::forward(const at::Tensor& x) {
+  return torch::relu(x + up(torch::relu(bn(expand(x)))));
+}
+
+CenterNetHeadImpl::CenterNetHeadImpl(const CenterNetConfig& c) {
+  features = register_module("features", torch::nn::Conv2d(convOptions(c.channels, c.channels, 3, 1)));
+  out = register_module("out", torch::nn::Conv2d(convOptions(c.channels, c.classes + 4, 1, 1)));
+}
+
+at::Tensor CenterNetHeadImpl::forward(const at::Tensor& x) { return out(torch::relu(features(x))); }
+
+CenterNetModuleImpl::CenterNetModuleImpl(const CenterNetConfig& c, const ModelBuild& build) {
+  // Registration order is the parameter order: embed, blocks, head.
+  embed = register_module("embed", std::make_shared<torch::nn::Module>());
+  if (build.embed) stem = embed->register_module("stem", CenterNetStem(c));
+  blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
+  for (int i = 0; i < static_cast<int>(c.num_blocks); ++i) {
+    if (build.buildsBlock(i)) built.emplace(i, blocks->register_module(std::to_string(i), CenterNetBlock(c)));
+  }
+  if (build.head) head = register_module("head", CenterNetHead(c));
+}
+
+// ---- model ----
+
+CenterNetModel::CenterNetModel(const CenterNetConfig& config, const ModelBuild& build) : config_(config) {
+  const CenterNetConfig& c = config_;
+  PTRAIN_CHECK_AS(ConfigError, c.num_blocks >= 1, "model.num_layers: ", c.num_blocks, " must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.channels >= 1 && c.inner_channels >= 1 && c.stem_channels >= 1,
+                  "centernet: channel counts must be >= 1");
+  const uint64_t baseSeed = static_cast<uint64_t>(
+      torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
+  root_ = CenterNetModule(c, build);
+  initialise(baseSeed);
+}
+
+CenterNetModel::~CenterNetModel() = default;
+
+void CenterNetModel::initialise(uint64_t baseSeed) {
+  torch::NoGradGuard noGrad;
+  for (auto& item : root_->named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool norm = contains(name, ".bn") || contains(name, "bn.");
+    if (name == "head.out.bias") {
+      p.zero_();
+      p.narrow(0, 0, config_.classes).fill_(-2.19);
+    } else if (endsWith(name, ".bias")) {
+      p.zero_();
+    } else if (norm) {
+      p.fill_(1.0);
+    } else {
+      at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
+      const double fanIn = static_cast<double>(p.numel() / p.size(0));
+      const double std = name == "head.out.weight" ? 0.01 : std::sqrt(2.0 / fanIn);
+      at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
+      values.normal_(0.0, std, generator);
+      p.copy_(values);
+    }
+  }
+}
+
+torch::nn::Module& CenterNetModel::module() { return *root_; }
+
+int CenterNetModel::numBlocks() const { return static_cast<int>(config_.num_blocks); }
+
+int64_t CenterNetModel::blockCost(int) {
+  const int64_t c = config_.channels, i = config_.inner_channels;
+  return (c * i * 9 + i) + 2 * i + (i * c + c);
+}
+
+std::string CenterNetModel::blockPrefix(int index) const { return "blocks." + std::to_string(index) + "."; }
+std::vector<std::string> CenterNetModel::embedPrefixes() const { return {"embed."}; }
+std::vector<std::string> CenterNetModel::headPrefixes() const { return {"head."}; }
+
+at::Tensor CenterNetModel::embed(const Batch& micro) {
+  PTRAIN_CHECK(root_->stem, "centernet: embed() on a rank that did not build the stem");
+  const at::Tensor& images = micro.at("images");
+  PTRAIN_CHECK(images.dim() == 4 && images.size(1) == 1, "centernet: images must be [N, 1, H, W], got ",
+               images.sizes());
+  return root_->stem(images);
+}
+
+at::Tensor CenterNetModel::runBlock(int index, const at::Tensor& hidden) {
+  auto it = root_->built.find(index);
+  PTRAIN_CHECK(it != root_->built.end(), "centernet: block ", index, " is not built on this rank");
+  return it->second->forward(hidden);
+}
+
+at::Tensor CenterNetModel::headOutputs(const at::Tensor& hidden) {
+  PTRAIN_CHECK(root_->head, "centernet: head on a rank that did not build it");
+  return root_->head(hidden);
+}
+
+LossOutput CenterNetModel::head(const at::Tensor& hidden, const Batch& micro) {
+  // The losses in float32 whatever the compute dtype: the focal loss's logs
+  // of probabilities near 0 and 1 are where half precision fails.
+  at::Tensor out = headOutputs(hidden).to(torch::kFloat32);
+  const int64_t classes = config_.classes;
+  at::Tensor logits = out.narrow(1, 0, classes);
+  const at::Tensor gt = micro.at("heatmap").to(out.device(), torch::kFloat32);
+  // Penalty-reduced focal loss; log(p) and log(1 - p) as log-sigmoids, with
+  // p clamped as CenterNet clamps it so a confident mistake stays bounded.
+  at::Tensor p = torch::sigmoid(logits).clamp(1e-4, 1 - 1e-4);
+  at::Tensor logP = torch::log(p), log1mP = torch::log(1 - p);
+  at::Tensor positive = gt.eq(1).to(torch::kFloat32);
+  at::Tensor negative = 1 - positive;
+  at::Tensor focal = -(logP * (1 - p).pow(2) * positive + log1mP * p.pow(2) * (1 - gt).pow(4) * negative).sum();
+
+  // Size and offset at each object's centre cell.
+  const int64_t n = out.size(0), cells = out.size(2) * out.size(3);
+  const at::Tensor centers = micro.at("center_index").to(out.device());
+  const int64_t k = centers.size(1);
+  at::Tensor regression = out.narrow(1, classes, 4).reshape({n, 4, cells});
+  at::Tensor picked = regression.gather(2, centers.unsqueeze(1).expand({n, 4, k})).permute({0, 2, 1});  // [n, k, 4]
+  at::Tensor mask = micro.at("object_mask").to(out.device(), torch::kFloat32).unsqueeze(2);
+  at::Tensor sizeL1 = ((picked.narrow(2, 0, 2) - micro.at("size_target").to(out.device())).abs() * mask).sum();
+  at::Tensor offsetL1 = ((picked.narrow(2, 2, 2) - micro.at("offset_target").to(out.device())).abs() * mask).sum();
+
+  LossOutput loss;
+  loss.loss_sum = focal + config_.size_weight * sizeL1 + config_.offset_weight * offsetL1;
+  loss.count = micro.at("object_mask").sum().item<double>();
+  return loss;
+}
+
+TensorParallelPlan CenterNetModel::tensorParallelPlan() {
+  TensorParallelPlan plan;
+  for (auto& [i, block] : root_->built) {
+    const std::string prefix = blockPrefix(i);
+    plan.layers.emplace_back(prefix + "expand.", block->expand.get());
+    plan.layers.emplace_back(prefix + "bn.", block->bn.get());
+    plan.layers.emplace_back(prefix + "up.", block->up.get());
+  }
+  return plan;
+}
+
+void CenterNetModel::setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state) { tp_ = std::move(state); }
+
+at::Tensor decodeCenterNet(const at::Tensor& outputs, int64_t classes, int64_t topK) {
+  at::Tensor out = outputs.to(torch::kFloat32);
+  const int64_t n = out.size(0), h = out.size(2), w = out.size(3), cells = h * w;
+  at::Tensor heat = torch::sigmoid(out.narrow(1, 0, classes));
+  // A cell is a detection only where it is the maximum of its 3x3
+  // neighbourhood in its class: CenterNet's replacement for NMS.
+  at::Tensor peaks = torch::max_pool2d(heat, {3, 3}, {1, 1}, {1, 1});
+  heat = heat * peaks.eq(heat).to(heat.scalar_type());
+  const int64_t k = std::min(topK, classes * cells);
+  auto [scores, indices] = heat.reshape({n, classes * cells}).topk(k, 1);
+  at::Tensor labels = indices.div(cells, "floor");
+  at::Tensor cell = indices.remainder(cells);
+  at::Tensor ys = cell.div(w, "floor").to(torch::kFloat32), xs = cell.remainder(w).to(torch::kFloat32);
+  at::Tensor regression = out.narrow(1, classes, 4).reshape({n, 4, cells});
+  at::Tensor picked = regression.gather(2, cell.unsqueeze(1).expand({n, 4, k}));  // [n, 4, k]
+  const double s = static_cast<double>(kOutputStride);
+  at::Tensor bw = picked.select(1, 0) * s, bh = picked.select(1, 1) * s;
+  at::Tensor cx = (xs + picked.select(1, 2)) * s, cy = (ys + picked.select(1, 3)) * s;
+  return torch::stack({labels.to(torch::kFloat32), scores, cx - bw / 2, cy - bh / 2, bw, bh}, 2);
+}
+
+}  // namespace ptrain::detection

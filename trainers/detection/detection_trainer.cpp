@@ -1,0 +1,251 @@
+#include "detection_trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "ptrain/comm/rank_env.h"
+#include "ptrain/engine/engine.h"
+#include "ptrain/recipe/key_specs.h"
+#include "ptrain/recipe/recipe.h"
+
+namespace ptrain::detection {
+
+using datasets::MosaicSplit;
+
+namespace {
+
+// Canvases decoded in one forward pass: bounds the activation memory of
+// evaluation whatever data.eval_size is.
+constexpr int64_t kEvalChunk = 64;
+
+}  // namespace
+
+DetectionTrainer::DetectionTrainer(const PluginContext& context) : rank_(context.rank) {}
+
+DetectionTrainer::~DetectionTrainer() = default;
+
+void DetectionTrainer::describeKeys(Schema& schema) const {
+  using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::atMost;
+  using keys::key;
+
+  schema.add(atLeast(key("model.stem_channels", T::kInt, "16",
+                         "Channels of the first stride-2 convolution of the detector's stem (the second gives "
+                         "model.hidden_size)."),
+                     1));
+  schema.add(atLeast(key("model.size_loss_weight", T::kFloat, "0.1",
+                         "Weight of the L1 loss on box width and height (in output cells) at object centres."),
+                     0));
+  schema.add(atLeast(key("model.offset_loss_weight", T::kFloat, "1.0",
+                         "Weight of the L1 loss on the sub-cell offset of object centres."),
+                     0));
+  schema.add(atLeast(key("model.max_detections", T::kInt, "100",
+                         "Detections kept per canvas at evaluation: the highest heatmap peaks over all classes."),
+                     1));
+
+  schema.add(atLeast(key("data.canvas", T::kInt, "128",
+                         "Mosaic canvas side in pixels; a multiple of 4 (the detector's output stride)."),
+                     28));
+  schema.add(atLeast(key("data.min_items", T::kInt, "1", "Fewest items drawn per mosaic canvas."), 1));
+  schema.add(atLeast(key("data.max_items", T::kInt, "6",
+                         "Most items drawn per mosaic canvas (items that find no place are dropped)."),
+                     1));
+  schema.add(above(key("data.min_scale", T::kFloat, "0.75", "Smallest item scale (28 pixels = 1)."), 0));
+  schema.add(above(key("data.max_scale", T::kFloat, "2.0", "Largest item scale (28 pixels = 1)."), 0));
+  schema.add(atMost(atLeast(key("data.max_iou", T::kFloat, "0.3", "Most two boxes of one canvas may overlap (IoU)."),
+                            0),
+                    1));
+  schema.add(atLeast(key("data.eval_size", T::kInt, "256",
+                         "Validation canvases (0..eval_size-1) scored with COCO AP/AR, split across data-parallel "
+                         "ranks."),
+                     0));
+}
+
+void DetectionTrainer::setup(const Recipe& recipe) {
+  if (recipe.has("data.name")) {
+    const std::string name = recipe.getString("data.name");
+    if (!name.empty() && name != "mosaic") {
+      recipe.fail("data.name", "'" + name + "' is not a dataset of the detection trainer; use mosaic");
+    }
+  }
+  // Keys of the transformer trainers that this convolutional model would
+  // otherwise ignore without a word.
+  for (const char* unused : {"model.num_attention_heads", "model.seq_length"}) {
+    if (recipe.has(unused)) recipe.fail(unused, "the detection trainer's model has no such setting; remove it");
+  }
+  if (recipe.has("model.num_experts") && recipe.getInt("model.num_experts") > 0) {
+    recipe.fail("model.num_experts", "the detection trainer's model has no experts; remove it");
+  }
+  if (recipe.getBool("parallel.sequence_parallel")) {
+    recipe.fail("parallel.sequence_parallel", "the detection trainer's model has no sequence to split; set it false");
+  }
+
+  datasets::MosaicOptions data;
+  data.canvas = recipe.getInt("data.canvas");
+  data.min_items = recipe.getInt("data.min_items");
+  data.max_items = recipe.getInt("data.max_items");
+  data.min_scale = recipe.getFloat("data.min_scale");
+  data.max_scale = recipe.getFloat("data.max_scale");
+  data.max_iou = recipe.getFloat("data.max_iou");
+  data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
+  if (data.canvas % kOutputStride != 0) {
+    recipe.fail("data.canvas", std::to_string(data.canvas) + " is not a multiple of the output stride " +
+                                   std::to_string(kOutputStride) + "; use e.g. " +
+                                   std::to_string(data.canvas / kOutputStride * kOutputStride));
+  }
+  if (auto problem = datasets::checkMosaicOptions(data)) recipe.fail("data", *problem);
+
+  CenterNetConfig c;
+  c.classes = datasets::kFashionMnistClasses;
+  c.num_blocks = recipe.has("model.num_layers") ? recipe.getInt("model.num_layers") : 2;
+  c.channels = recipe.has("model.hidden_size") ? recipe.getInt("model.hidden_size") : 32;
+  const int64_t inner = recipe.getInt("model.ffn_hidden_size");
+  c.inner_channels = inner > 0 ? inner : 2 * c.channels;
+  c.stem_channels = recipe.getInt("model.stem_channels");
+  c.size_weight = recipe.getFloat("model.size_loss_weight");
+  c.offset_weight = recipe.getFloat("model.offset_loss_weight");
+  const int64_t tp = recipe.getInt("parallel.tensor_model_parallel_size");
+  if (c.inner_channels % tp != 0) {
+    recipe.fail("model.ffn_hidden_size", "the block's inner channels (" + std::to_string(c.inner_channels) +
+                                             ") are not divisible by parallel.tensor_model_parallel_size=" +
+                                             std::to_string(tp));
+  }
+
+  // Only a fully valid recipe replaces what an earlier setup() prepared.
+  data_ = data;
+  config_ = c;
+  eval_size_ = recipe.getInt("data.eval_size");
+  max_detections_ = recipe.getInt("model.max_detections");
+  ready_ = true;
+}
+
+std::shared_ptr<StagedModel> DetectionTrainer::buildModel(const ModelBuild& build) {
+  PTRAIN_CHECK(ready_, "detection trainer: buildModel() before setup()");
+  auto model = std::make_shared<CenterNetModel>(config_, build);
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
+  built_.push_back(model);
+  return model;
+}
+
+Batch DetectionTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
+  PTRAIN_CHECK(ready_, "detection trainer: globalBatch() before setup()");
+  Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kTrain, step * globalBatchSize, globalBatchSize);
+  addCenterNetTargets(batch, config_.classes, data_.canvas);
+  return batch;
+}
+
+double DetectionTrainer::lossCount(const Batch& batch) const { return batch.at("object_mask").sum().item<double>(); }
+
+double DetectionTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.size()); }
+
+TrainSummary DetectionTrainer::train(TrainingSession& session) {
+  run_dir_ = session.runDir();
+  rank_ = session.env().rank;
+  return defaultTrainingLoop(session, *this);
+}
+
+CenterNetModel& DetectionTrainer::ownModel(StagedModel& model) {
+  for (const auto& w : built_) {
+    if (auto p = w.lock(); p && p.get() == &model) return *p;
+  }
+  throw InternalError("detection trainer: evaluate() got a model that this trainer's buildModel() did not create");
+}
+
+std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+  PTRAIN_CHECK(ready_, "detection trainer: evaluate() before setup()");
+  PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "detection trainer: eval shard ",
+               ctx.shard, " of ", ctx.num_shards);
+  CenterNetModel& net = ownModel(model);
+  torch::NoGradGuard noGrad;
+  if (eval_size_ == 0) return {};
+
+  const int64_t n = eval_size_;
+  const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
+  const int64_t side = data_.canvas / kOutputStride, outChannels = config_.classes + 4;
+  const int64_t topK = std::min(max_detections_, config_.classes * side * side);
+  const auto f64 = torch::TensorOptions(torch::kFloat64).device(ctx.device);
+  // Every rank's decoded rows land in their canvases' places; one sum gives
+  // every rank all of them.
+  at::Tensor detections = torch::zeros({n, topK, 6}, f64);
+  at::Tensor lossSums = torch::zeros({2}, f64);  // loss sum, objects
+
+  // Ranks of one data-parallel group may hold shards of different sizes but
+  // a pipeline or tensor-parallel group runs the same shard, so the chunks
+  // need no extra synchronisation.
+  for (int64_t first = begin; first < end; first += kEvalChunk) {
+    const int64_t count = std::min(kEvalChunk, end - first);
+    Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kValidation, first, count);
+    addCenterNetTargets(batch, config_.classes, data_.canvas);
+    batch = batch.to(ctx.device);
+    at::Tensor hidden = model.forwardHidden(batch);
+    at::Tensor outputs, loss = torch::zeros({2}, f64);
+    if (model.holdsHead()) {
+      outputs = net.headOutputs(hidden).to(torch::kFloat32);
+      LossOutput l = net.head(hidden, batch);
+      loss = torch::tensor({l.loss_sum.item<double>(), l.count}, f64);
+    } else {
+      outputs = torch::zeros({count, outChannels, side, side}, torch::TensorOptions(torch::kFloat32).device(ctx.device));
+    }
+    model.shareFromHead(outputs);
+    model.shareFromHead(loss);
+    lossSums += loss;
+    detections.narrow(0, first, count).copy_(decodeCenterNet(outputs, config_.classes, topK));
+  }
+  if (ctx.all_reduce_sum) {
+    ctx.all_reduce_sum(detections);
+    ctx.all_reduce_sum(lossSums);
+  }
+  detections = detections.cpu();
+  lossSums = lossSums.cpu();
+
+  std::vector<Detection> found;
+  auto d = detections.accessor<double, 3>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < topK; ++j) {
+      // Cells that are not peaks have score 0: not detections.
+      if (d[i][j][1] <= 0) continue;
+      Detection det;
+      det.image_id = i;
+      det.category_id = datasets::mosaicCocoCategoryId(static_cast<int64_t>(d[i][j][0]));
+      det.score = d[i][j][1];
+      det.bbox = Box{d[i][j][2], d[i][j][3], d[i][j][4], d[i][j][5]};
+      found.push_back(det);
+    }
+  }
+  if (ground_truth_.empty()) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (const datasets::MosaicBox& b : datasets::mosaicSample(data_, MosaicSplit::kValidation, i).boxes) {
+        GroundTruth gt;
+        gt.image_id = i;
+        gt.category_id = datasets::mosaicCocoCategoryId(b.label);
+        gt.bbox = Box{static_cast<double>(b.x), static_cast<double>(b.y), static_cast<double>(b.width),
+                      static_cast<double>(b.height)};
+        gt.area = static_cast<double>(b.area);
+        ground_truth_.push_back(gt);
+      }
+    }
+  }
+  const CocoMetrics metrics = evaluateCoco(ground_truth_, found);
+
+  if (rank_ == 0 && !run_dir_.empty()) {
+    writeCocoDetections(run_dir_ + "/detections.json", found);
+    if (!wrote_ground_truth_) {
+      datasets::writeCocoGroundTruth(run_dir_ + "/coco_gt.json", data_, n);
+      wrote_ground_truth_ = true;
+    }
+  }
+
+  std::map<std::string, double> out;
+  out["eval_map"] = std::max(0.0, metrics.ap);
+  out["eval_map50"] = std::max(0.0, metrics.ap50);
+  out["eval_map75"] = std::max(0.0, metrics.ap75);
+  out["eval_ar100"] = std::max(0.0, metrics.ar100);
+  if (lossSums[1].item<double>() > 0) out["eval_loss"] = lossSums[0].item<double>() / lossSums[1].item<double>();
+  return out;
+}
+
+}  // namespace ptrain::detection

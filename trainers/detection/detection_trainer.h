@@ -1,0 +1,75 @@
+// DetectionTrainer: the `detection` trainer plugin. A CenterNet detector
+// (centernet.h) learns to find Fashion-MNIST items on mosaic canvases
+// (ptrain/datasets/mosaic.h); its metrics are COCO's box AP and AR on the
+// first data.eval_size validation canvases (coco_eval.h).
+//
+// Keys it reads (docs/trainers/detection.md): model.num_layers (blocks),
+// model.hidden_size (block and head channels), model.ffn_hidden_size
+// (channels inside a block, the tensor-parallel split; 0: 2 * hidden_size),
+// model.stem_channels, model.size_loss_weight, model.offset_loss_weight,
+// model.max_detections; data.canvas, data.min_items, data.max_items,
+// data.min_scale, data.max_scale, data.max_iou, data.eval_size; train.seed
+// seeds the training canvases.
+//
+// Thread-safety: one thread at a time, like every trainer.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "centernet.h"
+#include "ptrain/datasets/mosaic.h"
+#include "ptrain/engine/trainer.h"
+
+namespace ptrain::detection {
+
+class DetectionTrainer : public Trainer {
+ public:
+  explicit DetectionTrainer(const PluginContext& context);
+  ~DetectionTrainer() override;
+
+  void describeKeys(Schema& schema) const override;
+  // Throws ConfigError (via recipe.fail, naming the key) for a dataset other
+  // than mosaic, transformer or MoE keys this model does not have, canvas
+  // options the dataset refuses, or a canvas not divisible by the stride.
+  void setup(const Recipe& recipe) override;
+  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
+  // Training canvases step * size .. step * size + size - 1, with their
+  // CenterNet targets (addCenterNetTargets).
+  Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  // Objects in the batch: the loss is normalised by their number.
+  double lossCount(const Batch& batch) const override;
+  // Canvases (samples) in the batch.
+  double tokensIn(const Batch& batch) const override;
+  // eval_map (AP@[.5:.95]), eval_map50, eval_map75, eval_ar100 of the
+  // decoded detections on validation canvases 0..eval_size-1, and eval_loss.
+  // Each data-parallel rank decodes a contiguous shard; the fixed-size
+  // detections are summed into one tensor with ctx.all_reduce_sum, so every
+  // rank scores all of them. Rank 0 writes RUN_DIR/detections.json (the
+  // latest evaluation, COCO results) and RUN_DIR/coco_gt.json beside it.
+  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
+  // The engine's loop; it only remembers the run folder for evaluate().
+  TrainSummary train(TrainingSession& session) override;
+
+  const CenterNetConfig& modelConfig() const { return config_; }
+  const datasets::MosaicOptions& dataOptions() const { return data_; }
+
+ private:
+  CenterNetModel& ownModel(StagedModel& model);
+
+  CenterNetConfig config_;
+  datasets::MosaicOptions data_;
+  int64_t eval_size_ = 0;
+  int64_t max_detections_ = 100;
+  bool ready_ = false;
+  int rank_ = 0;
+  std::string run_dir_;
+  bool wrote_ground_truth_ = false;
+  std::vector<GroundTruth> ground_truth_;  // of validation canvases 0..eval_size-1, made at the first evaluation
+  std::vector<std::weak_ptr<CenterNetModel>> built_;
+};
+
+}  // namespace ptrain::detection
