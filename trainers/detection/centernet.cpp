@@ -8,6 +8,8 @@
 #include <limits>
 
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
+#include "ptrain/engine/parameter_seed.h"
 #include "ptrain/nn/tp_comm.h"
 
 namespace ptrain::detection {
@@ -22,22 +24,6 @@ nn::ParallelConv2dOptions parallelConv(int64_t in, int64_t out, int64_t kernel) 
   nn::ParallelConv2dOptions o(in, out, kernel);
   o.padding = {kernel / 2, kernel / 2};
   return o;
-}
-
-// As the llm trainer seeds its parameters: FNV-1a of the name mixed with the
-// base seed (SplitMix64's finaliser), so names one character apart still
-// start far apart.
-uint64_t parameterSeed(uint64_t baseSeed, const std::string& name) {
-  uint64_t hash = 1469598037103934211ULL;
-  for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ULL;
-  uint64_t z = baseSeed + hash * 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -177,7 +163,7 @@ void CenterNetModel::initialise(uint64_t baseSeed) {
     if (name == "head.out.bias") {
       p.zero_();
       p.narrow(0, 0, config_.classes).fill_(-2.19);
-    } else if (endsWith(name, ".bias")) {
+    } else if (text::endsWith(name, ".bias")) {
       p.zero_();
     } else if (norm) {
       p.fill_(1.0);

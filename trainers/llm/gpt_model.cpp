@@ -9,6 +9,8 @@
 #include <limits>
 
 #include "ptrain/comm/process_group.h"
+#include "ptrain/core/text.h"
+#include "ptrain/engine/parameter_seed.h"
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/fused.h"
@@ -296,27 +298,6 @@ int64_t GptModel::blockCost(int index) {
   return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + mlps;
 }
 
-namespace {
-
-// The seed of one parameter's stream: a stable hash of its name (FNV-1a)
-// mixed with the model's base seed (SplitMix64's finaliser), so that names
-// that differ in one character still start far apart (the generator keeps
-// only 32 bits of its seed).
-uint64_t parameterSeed(uint64_t baseSeed, const std::string& name) {
-  uint64_t hash = 1469598037103934211ULL;
-  for (unsigned char ch : name) hash = (hash ^ ch) * 1099511628211ULL;
-  uint64_t z = baseSeed + hash * 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
 void GptModel::initialise(uint64_t baseSeed) {
   torch::NoGradGuard noGrad;
   for (auto& item : root_->named_parameters()) {
@@ -324,15 +305,16 @@ void GptModel::initialise(uint64_t baseSeed) {
     at::Tensor& p = item.value();
     const bool layerNorm = name.find("ln1.") != std::string::npos || name.find("ln2.") != std::string::npos ||
                            name.find("ln_f.") != std::string::npos;
-    if (endsWith(name, ".bias")) {
+    if (text::endsWith(name, ".bias")) {
       p.zero_();
     } else if (layerNorm) {
       p.fill_(1.0);
     } else {
       // Drawn on the host, so every device gets the same values.
       at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
-      const bool residual = endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.fc2.weight") ||
-                            endsWith(name, "moe.experts.fc2.weight");
+      const bool residual = text::endsWith(name, "attn.proj.weight") ||
+                            text::endsWith(name, "mlp.fc2.weight") ||
+                            text::endsWith(name, "moe.experts.fc2.weight");
       at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
       values.normal_(0.0, residual ? residualStd(config_) : config_.init_std, generator);
       p.copy_(values);

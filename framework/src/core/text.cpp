@@ -47,4 +47,8 @@ std::string joinOr(const std::vector<int64_t>& items, const std::string& sep, co
   return joinOr(s, sep, last);
 }
 
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 }  // namespace ptrain::text

@@ -24,4 +24,7 @@ PTRAIN_API std::string joinOr(const std::vector<std::string>& items, const std::
 PTRAIN_API std::string joinOr(const std::vector<int64_t>& items, const std::string& sep = ", ",
                               const std::string& last = " or ");
 
+// Whether `s` ends with `suffix` (e.g. a parameter name with ".bias").
+PTRAIN_API bool endsWith(const std::string& s, const std::string& suffix);
+
 }  // namespace ptrain::text
