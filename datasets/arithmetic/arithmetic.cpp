@@ -1,5 +1,7 @@
 #include "ptrain/datasets/arithmetic.h"
 
+#include "ptrain/datasets/splitmix.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -9,37 +11,6 @@
 namespace ptrain::datasets {
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
-
-// splitmix64's output function (Steele, Lea, Flood 2014): a bijective mix with
-// full avalanche, so nearby (seed, step, index) triples give unrelated streams.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t combine(uint64_t h, uint64_t value) { return mix64(h ^ mix64(value + kGolden)); }
-
-// splitmix64 generator. Written out here rather than taken from <random>:
-// std:: distributions are implementation-defined, and every rank (on any
-// platform) must draw the very same problems.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() { return mix64(state_ += kGolden); }
-  // Uniform in [0, n), n > 0, without modulo bias (rejects the short tail).
-  uint64_t below(uint64_t n) {
-    const uint64_t threshold = (0 - n) % n;  // 2^64 mod n
-    for (;;) {
-      uint64_t r = next();
-      if (r >= threshold) return r % n;
-    }
-  }
-
- private:
-  uint64_t state_;
-};
 
 int64_t pow10(int64_t digits) {
   int64_t p = 1;
@@ -210,13 +181,13 @@ ArithmeticProblem ArithmeticDataset::generate(uint64_t problemSeed) const {
 }
 
 ArithmeticProblem ArithmeticDataset::trainProblem(int64_t step, int64_t index) const {
-  uint64_t h = combine(mix64(options_.seed + kGolden), kTrainStream);
+  uint64_t h = combine(mix64(options_.seed + kSplitMixGolden), kTrainStream);
   h = combine(h, static_cast<uint64_t>(step));
   return generate(combine(h, static_cast<uint64_t>(index)));
 }
 
 std::vector<ArithmeticProblem> ArithmeticDataset::evalProblems() const {
-  const uint64_t h = combine(mix64(options_.seed + kGolden), kEvalStream);
+  const uint64_t h = combine(mix64(options_.seed + kSplitMixGolden), kEvalStream);
   std::vector<ArithmeticProblem> problems;
   problems.reserve(static_cast<size_t>(options_.eval_size));
   for (int64_t j = 0; j < options_.eval_size; ++j) problems.push_back(generate(combine(h, static_cast<uint64_t>(j))));

@@ -1,5 +1,7 @@
 #include "ptrain/datasets/mosaic.h"
 
+#include "ptrain/datasets/splitmix.h"
+
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -20,7 +22,6 @@
 namespace ptrain::datasets {
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
 constexpr int64_t kPixels = kFashionMnistSide * kFashionMnistSide;
 constexpr uint32_t kIdxImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
 constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
@@ -29,42 +30,10 @@ constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
 // which no Fashion-MNIST image is known to do.
 constexpr int kSourceTries = 16;
 
-// splitmix64's output function (Steele, Lea, Flood 2014): a bijective mix with
-// full avalanche, so nearby (seed, split, index) triples give unrelated streams.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t combine(uint64_t h, uint64_t value) { return mix64(h ^ mix64(value + kGolden)); }
-
-// splitmix64 generator, written out rather than taken from <random>: std::
-// distributions are implementation-defined, and every rank on any platform
-// must draw the very same canvases.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() { return mix64(state_ += kGolden); }
-  // Uniform in [0, n), n > 0, without modulo bias (rejects the short tail).
-  uint64_t below(uint64_t n) {
-    const uint64_t threshold = (0 - n) % n;  // 2^64 mod n
-    for (;;) {
-      uint64_t r = next();
-      if (r >= threshold) return r % n;
-    }
-  }
-  // Uniform in [0, 1) on the 53-bit grid of doubles.
-  double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
- private:
-  uint64_t state_;
-};
-
 uint64_t sampleSeed(const MosaicOptions& options, MosaicSplit split, int64_t index) {
   const bool train = split == MosaicSplit::kTrain;
   const uint64_t seed = train ? options.seed : kMosaicValidationSeed;
-  const uint64_t h = combine(mix64(seed + kGolden), train ? 0 : 1);
+  const uint64_t h = combine(mix64(seed + kSplitMixGolden), train ? 0 : 1);
   return combine(h, static_cast<uint64_t>(index));
 }
 
