@@ -233,16 +233,19 @@ TEST(Cuda, PinnedHostOffloadTrainsTheSameRun) {
   struct Variant {
     std::string name;
     std::vector<std::string> base, offload;
-    bool bitwise;
+    double tolerance;  // 0: bitwise
   };
   const std::vector<std::string> all{"offload.params=true", "offload.grads=true", "offload.optimizer=true"};
   const std::vector<Variant> variants{
-      {"params", {}, {"offload.params=true"}, true},
-      {"grads", {}, {"offload.grads=true"}, true},
-      {"params_grads_recompute", {"model.recompute=full"}, {"offload.params=true", "offload.grads=true"}, true},
-      {"optimizer", {}, {"offload.optimizer=true"}, false},
-      {"all", {}, all, false},
-      {"all_bf16", {"precision.name=bf16"}, all, false},
+      {"params", {}, {"offload.params=true"}, 0},
+      {"grads", {}, {"offload.grads=true"}, 0},
+      {"params_grads_recompute", {"model.recompute=full"}, {"offload.params=true", "offload.grads=true"}, 0},
+      {"optimizer", {}, {"offload.optimizer=true"}, 1e-4},
+      {"all", {}, all, 1e-4},
+      // The float32 masters differ by rounding between the two AdamW kernels;
+      // rounded to bf16 weights, one ulp in a weight (2^-8) moves the loss
+      // by ~1e-4 (measured on an H200: 1.6e-4 at most over 20 steps).
+      {"all_bf16", {"precision.name=bf16"}, all, 1e-3},
   };
   std::map<std::string, std::map<int, double>> plain;
   for (const Variant& v : variants) {
@@ -255,8 +258,8 @@ TEST(Cuda, PinnedHostOffloadTrainsTheSameRun) {
     const auto& want = plain[baseName];
     ASSERT_EQ(got.size(), want.size()) << v.name;
     for (const auto& [step, loss] : want) {
-      if (v.bitwise) EXPECT_EQ(got.at(step), loss) << v.name << " step " << step;
-      else EXPECT_LT(ptrain::test::relDiff(got.at(step), loss), 1e-4) << v.name << " step " << step;
+      if (v.tolerance == 0) EXPECT_EQ(got.at(step), loss) << v.name << " step " << step;
+      else EXPECT_LT(ptrain::test::relDiff(got.at(step), loss), v.tolerance) << v.name << " step " << step;
     }
   }
 }
@@ -264,7 +267,10 @@ TEST(Cuda, PinnedHostOffloadTrainsTheSameRun) {
 // What the tier is for: with every block's parameters, gradients and the
 // optimizer's state at rest on the host, the device holds about one block
 // at a time. A model whose blocks hold nearly all of its 12.6M parameters
-// (the vocabulary is 16 tokens): the device's peak falls below half.
+// (the vocabulary is 16 tokens): the device's peak falls below half. Both
+// runs recompute their blocks: without it, autograd's saved views of every
+// block's weights keep their device copies alive from forward to backward
+// (docs/memory.md), and the parameters' part of the saving is lost.
 TEST(Cuda, PinnedHostOffloadLowersTheDevicePeak) {
   SKIP_WITHOUT_CUDA();
   ptrain::test::TempDir tmp;
@@ -272,7 +278,8 @@ TEST(Cuda, PinnedHostOffloadLowersTheDevicePeak) {
   auto peak = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> args{"run", recipe, "--nproc", "1", "--run-dir", tmp.path() + "/" + name,
                                   "device=cuda", "model.num_layers=4", "model.hidden_size=512",
-                                  "model.num_attention_heads=8", "train.steps=3", "checkpoint.every=0"};
+                                  "model.num_attention_heads=8", "model.recompute=full", "train.steps=3",
+                                  "checkpoint.every=0"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto r = ptrain::test::runPtrain(args, {}, 300);
     EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "llm_runtime_fixture.h"
+#include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/offload.h"
 
 namespace ptrain {
@@ -148,6 +149,20 @@ TEST(Offload, ChecksRefuseTheTierOfTheOtherDevice) {
   EXPECT_NE(problems[0].find("offload.tier=disk serves the cpu device"), std::string::npos) << problems[0];
   EXPECT_TRUE(checkOffload(llmRecipe(trainer, {"device=cuda", "offload.params=true"})).empty());
   EXPECT_TRUE(checkOffloadFolder(llmRecipe(trainer, {"device=cuda", "offload.params=true"}), "/proc/run").empty());
+}
+
+// Parameter offload on cuda saves device memory only with full recomputation
+// (measured on an H200): a warning says so, and nothing else warns.
+TEST(Offload, ParamsOnCudaWithoutRecomputationWarn) {
+  llm::LlmTrainer trainer{PluginContext{}};
+  auto warnings = offloadWarnings(llmRecipe(trainer, {"device=cuda", "offload.params=true"}));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("offload.params=true on cuda with model.recompute=none"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("set model.recompute: full"), std::string::npos) << warnings[0];
+  EXPECT_EQ(memorySettingWarnings(llmRecipe(trainer, {"device=cuda", "offload.params=true"}), 1, 1).size(), 1u);
+  EXPECT_TRUE(offloadWarnings(llmRecipe(trainer, {"device=cuda", "offload.params=true", "model.recompute=full"})).empty());
+  EXPECT_TRUE(offloadWarnings(llmRecipe(trainer, {"device=cuda", "offload.optimizer=true"})).empty());
+  EXPECT_TRUE(offloadWarnings(llmRecipe(trainer, {"device=cpu", "offload.params=true"})).empty());
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 # 12.5 MiB; 183 MB once unpacked, under the build folder). Other options: --build DIR (default
 # build-device, relative to the tree's root), --jobs N (default: every core), --budget SECONDS (default
 # 450 for the whole script: each phase's limit is cut to leave the later phases their minimum),
-# --test-label L (default gpu), --quickstart-nproc N (default 1), --skip-bench.
+# --test-label L (default gpu), --quickstart-nproc N (default 1), --skip-bench, --quick (builds only
+# ptrain, its plugins and the GPU tests; runs the GPU tests, the offload phase, then the quickstart; no
+# eager or bench runs: for a second try in a short lease).
 #
 # Phase limits, in seconds: configure 120, build 330, gpu-tests 150, quickstart 75, bench 120 per ptrain
 # run (the TF32 one only with 45 left), eager 100 per run (in the background during the build), offload
@@ -30,9 +32,10 @@
 #   quickstart  ptrain run configs/quickstart.yaml device=cuda (one process: one GPU), final exact match
 #   bench       ptrain run tools/device/gpt_1b.yaml device=cuda, fp32 (NVIDIA_TF32_OVERRIDE=0), then
 #               TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) if time is left; tokens/s and MFU beside eager
-#   offload     the same GPT, fp32, with parameters, gradients and optimizer states in pinned host
-#               memory (4 steps), then parameters alone if time is left: step time and the device's
-#               peak beside the bench's fp32 run
+#   offload     the same GPT, fp32, 4 steps, every block recomputed (model.recompute=full): without
+#               offload, then with parameters, gradients and optimizer states in pinned host memory,
+#               then (time permitting) parameters alone and all three without recomputation: step
+#               time and the device's peak beside the bench's fp32 run
 #
 # The summary goes to $OUT/summary.txt when OUT is set (phase logs to $OUT/device-logs/), else to
 # <build>/summary.txt. Exit status 0 when every phase passed.
@@ -49,6 +52,7 @@ label=gpu
 qs_nproc=1
 configure_only=0
 skip_bench=0
+quick=0
 while [ $# -gt 0 ]; do
   case $1 in
     --python) python=$2; shift 2 ;;
@@ -59,6 +63,7 @@ while [ $# -gt 0 ]; do
     --quickstart-nproc) qs_nproc=$2; shift 2 ;;
     --configure-only) configure_only=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
+    --quick) quick=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
@@ -188,12 +193,18 @@ if [ "$(cat "$prefix/.debs" 2>/dev/null)" != "$want" ]; then
       rm -rf "$unpack"
     fi
   done
+  # A -dev package's library link may be absolute (zlib1g-dev: libz.so -> /lib/x86_64-linux-gnu/...):
+  # point it into the prefix, else the linker takes the static archive beside it (not built -fPIC).
+  while IFS= read -r link; do
+    target=$(readlink "$link")
+    if [ -e "$prefix$target" ]; then ln -sfn "$prefix$target" "$link"; fi
+  done < <(find "$prefix" -type l -lname '/*')
   echo "$want" >"$prefix/.debs"
 fi
 libdir="$prefix/usr/lib/x86_64-linux-gnu"
 # The Debian libraries' own dependencies (spdlog -> fmt) are found through this, at build time too
 # (gtest_discover_tests runs the test binaries) and in every process ptrain starts.
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$libdir:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 record extract ok $(( $(date +%s) - t0 )) "${#debs[@]} debs -> $prefix ($(du -sm "$prefix" | cut -f1) MB)"
 
 # --- configure -------------------------------------------------------------------------------------------
@@ -251,7 +262,7 @@ rm -rf "$bench_dir"
 mkdir -p "$bench_dir"
 eager_pid=
 eager_limit=$(limit 100 150)
-if [ $skip_bench -eq 0 ] && [ -n "$gpu_name" ] && [ "$eager_limit" -ge 30 ]; then
+if [ $skip_bench -eq 0 ] && [ $quick -eq 0 ] && [ -n "$gpu_name" ] && [ "$eager_limit" -ge 30 ]; then
   (
     for m in fp32 tf32; do
       flag=()
@@ -264,9 +275,19 @@ if [ $skip_bench -eq 0 ] && [ -n "$gpu_name" ] && [ "$eager_limit" -ge 30 ]; the
   ) &
   eager_pid=$!
 fi
-run_phase build "$(limit 330 100)" "$logs/build.log" nice -n 10 cmake --build "$build" -j "$jobs"
+keep_going=()  # ninja: build every target that can be built, so one failure does not hide the others
+[ "$generator" = Ninja ] && keep_going=(-- -k 0)
+targets=()     # --quick: what the later phases run (the GPU tests depend on ptrain and every plugin)
+[ $quick -eq 1 ] && targets=(--target ptrain_gpu_tests)
+run_phase build "$(limit 330 100)" "$logs/build.log" nice -n 10 cmake --build "$build" -j "$jobs" "${targets[@]}" \
+  "${keep_going[@]}"
 record build "$(status_of $ph_rc)" "$ph_s" "-j$jobs, last step $(grep -o '^\[[0-9]*/[0-9]*\]' "$logs/build.log" | tail -1)"
 build_rc=$ph_rc
+# A failed target elsewhere (ninja kept going) leaves the later phases what they need: run them.
+if [ $build_rc -ne 0 ] && [ $build_rc -ne 124 ] && [ -x "$build/bin/ptrain" ] && [ -x "$build/bin/ptrain_gpu_tests" ]; then
+  extra+=("" "build failed, but bin/ptrain and bin/ptrain_gpu_tests were built: the later phases ran")
+  build_rc=0
+fi
 if [ -n "$eager_pid" ]; then wait "$eager_pid"; fi
 
 # --- GPU tests -------------------------------------------------------------------------------------------
@@ -290,13 +311,16 @@ else
 fi
 
 # --- quickstart on the GPU ---------------------------------------------------------------------------------
+qs_reserve=45  # for the bench and offload phases after it (none in --quick, where it runs last)
+[ $quick -eq 1 ] && qs_reserve=0
+quickstart_phase() {
 if [ $build_rc -ne 0 ]; then
   record quickstart skip 0 "no build"
-elif [ "$(limit 75 45)" -lt 30 ]; then
+elif [ "$(limit 75 "$qs_reserve")" -lt 30 ]; then
   record quickstart TIMEOUT 0 "no time left"
 else
   rm -rf "$build/runs/quickstart"
-  run_phase quickstart "$(limit 75 45)" "$logs/quickstart.log" \
+  run_phase quickstart "$(limit 75 "$qs_reserve")" "$logs/quickstart.log" \
     "$build/bin/ptrain" run configs/quickstart.yaml --nproc "$qs_nproc" --run-dir "$build/runs/quickstart" \
     launch.nproc="$qs_nproc" device=cuda
   # The run's closing summary (worker lines carry a "[rank N]" prefix), else its metrics.
@@ -310,6 +334,8 @@ else
   record quickstart "$(status_of $ph_rc)" "$ph_s" \
     "configs/quickstart.yaml device=cuda nproc=$qs_nproc: final exact match ${acc:-?}, final loss ${loss:-?}"
 fi
+}
+[ $quick -eq 0 ] && quickstart_phase
 
 # --- bench: ptrain on the 1.2B GPT, then the table beside eager ----------------------------------------------
 ptrain_bench() {  # MODE VAR=VALUE LIMIT: one run of gpt_1b.yaml, its metrics in $bench_dir/ptrain_MODE
@@ -319,8 +345,8 @@ ptrain_bench() {  # MODE VAR=VALUE LIMIT: one run of gpt_1b.yaml, its metrics in
   run_phase "bench-$mode" "$2" "$logs/bench-$mode.log" env "$1" "$build/bin/ptrain" run tools/device/gpt_1b.yaml \
     --nproc 1 --run-dir "$bench_dir/ptrain_$mode" launch.nproc=1 device=cuda
 }
-if [ $skip_bench -eq 1 ]; then
-  record bench skip 0 "--skip-bench"
+if [ $skip_bench -eq 1 ] || [ $quick -eq 1 ]; then
+  record bench skip 0 "--skip-bench or --quick"
 elif [ -z "$gpu_name" ]; then
   record bench FAIL 0 "PyTorch sees no GPU"
 else
@@ -421,33 +447,46 @@ if [ $skip_bench -eq 1 ] || [ $build_rc -ne 0 ] || [ -z "$gpu_name" ]; then
 elif [ "$(limit 110 0)" -lt 60 ]; then
   record offload TIMEOUT 0 "no time left"
 else
-  offload_run all "$(limit 110 0)" offload.params=true offload.grads=true offload.optimizer=true
-  offload_note="params+grads+optimizer $(status_of $ph_rc) ${ph_s}s"
-  offload_status=$(status_of $ph_rc)
-  if [ "$(limit 110 0)" -ge 60 ]; then
-    offload_run params "$(limit 110 0)" offload.params=true
-    offload_note="$offload_note, params $(status_of $ph_rc) ${ph_s}s"
-  fi
+  # Recomputation first: without it autograd's saved views of each block's weights keep their device
+  # copies from forward to backward (docs/memory.md), so parameter offload saves little.
+  all_three=(offload.params=true offload.grads=true offload.optimizer=true)
+  reserve=0
+  [ $quick -eq 1 ] && reserve=40  # the quickstart runs after
+  offload_status=ok offload_note=""
+  for spec in "recompute|model.recompute=full" "recompute_all|model.recompute=full ${all_three[*]}" \
+              "recompute_params|model.recompute=full offload.params=true" "all|${all_three[*]}"; do
+    IFS='|' read -r name overrides <<<"$spec"
+    if [ "$(limit 110 "$reserve")" -lt 45 ]; then offload_note="$offload_note, $name not run"; continue; fi
+    # shellcheck disable=SC2086  # the overrides are words
+    offload_run "$name" "$(limit 110 "$reserve")" $overrides
+    offload_note="$offload_note, $name $(status_of $ph_rc) ${ph_s}s"
+    [ $ph_rc -eq 0 ] || offload_status=$(status_of $ph_rc)
+  done
+  offload_note=${offload_note#, }
   table=$("$python" - "$bench_dir" <<'EOF'
 import json, os, statistics, sys
 d = sys.argv[1]
 print("\noffload (pinned host tier), the bench's GPT in fp32: median step time after the first two steps and the")
 print("device's peak (libtorch's caching allocator); 'none' is the bench's fp32 run")
-print(f"  {'offload':<24}{'step s':>8}{'peak GB':>9}")
-for name, folder in (("none", "ptrain_fp32"), ("params+grads+optimizer", "offload_all"), ("params", "offload_params")):
+print(f"  {'offload':<24}{'recompute':<11}{'step s':>8}{'peak GB':>9}")
+for name, rc, folder in (("none", "none", "ptrain_fp32"), ("none", "full", "offload_recompute"),
+                         ("params+grads+optimizer", "full", "offload_recompute_all"),
+                         ("params", "full", "offload_recompute_params"),
+                         ("params+grads+optimizer", "none", "offload_all")):
     try:
         rows = [json.loads(l) for l in open(os.path.join(d, folder, "metrics.jsonl"))]
     except Exception:
-        print(f"  {name:<24}{'no result':>8}")
+        print(f"  {name:<24}{rc:<11}{'no result':>8}")
         continue
     steps = [r["step_time_s"] for r in rows if "step_time_s" in r and r["step"] > 2]
     peak = max((r.get("peak_device_mb", 0) for r in rows), default=0) / 1024
     step = f"{statistics.median(steps):8.3f}" if steps else f"{'-':>8}"
-    print(f"  {name:<24}{step}{peak:>9.1f}")
+    print(f"  {name:<24}{rc:<11}{step}{peak:>9.1f}")
 EOF
 )
   while IFS= read -r line; do extra+=("$line"); done <<<"$table"
   record offload "$offload_status" 0 "$offload_note"
 fi
 
+[ $quick -eq 1 ] && quickstart_phase
 finish

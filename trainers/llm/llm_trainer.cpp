@@ -233,7 +233,7 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   for (int64_t c = 0; c < chunks; ++c) {
     const size_t chunk = begin + static_cast<size_t>(c) * kEvalChunk;
     if (chunk >= end) {
-      LossOutput ignored = gpt.forward(dataset_->batchOf({all.at(0)}));
+      LossOutput ignored = gpt.forward(dataset_->batchOf({all.at(0)}).to(ctx.device));
       gpt.greedyDecode({ArithmeticTokenizer::encode(all.at(0).prompt())}, maxNew, ArithmeticTokenizer::kEos,
                        ArithmeticTokenizer::kPad);
       continue;
@@ -241,7 +241,7 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
     const size_t stop = std::min(end, chunk + kEvalChunk);
     std::vector<datasets::ArithmeticProblem> problems(all.begin() + chunk, all.begin() + stop);
 
-    LossOutput loss = gpt.forward(dataset_->batchOf(problems));
+    LossOutput loss = gpt.forward(dataset_->batchOf(problems).to(ctx.device));
     lossSum += loss.loss_sum.item<double>();
     lossCount += loss.count;
 

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "ptrain/engine/device.h"
+
 namespace ptrain {
 namespace {
 
@@ -121,12 +123,13 @@ Case makeCase(ProcessGroup& g, const std::string& op, int64_t count, at::ScalarT
 }
 
 // The slowest rank's time and the total wrong count, agreed by every rank.
-std::pair<double, int64_t> agree(ProcessGroup& g, double seconds, int64_t wrong) {
-  at::Tensor t = at::full({1}, seconds, at::kDouble);
+// On the device the collectives ran on (NCCL moves device tensors only).
+std::pair<double, int64_t> agree(ProcessGroup& g, double seconds, int64_t wrong, at::Device device) {
+  at::Tensor t = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
   AllreduceOptions maxOpts;
   maxOpts.op = ReduceOp::kMax;
   g.allreduce(t, maxOpts)->wait();
-  at::Tensor w = at::full({1}, wrong, at::kLong);
+  at::Tensor w = at::full({1}, wrong, at::TensorOptions().dtype(at::kLong).device(device));
   g.allreduce(w)->wait();
   return {t.item<double>(), w.item<int64_t>()};
 }
@@ -192,13 +195,18 @@ std::vector<CommBenchResult> runCommBench(ProcessGroup& group, const CommBenchOp
       const int64_t count = op == "barrier" ? 0 : countFor(op, requested, elementSize, n);
       Case c = makeCase(group, op, count, dtype, options.device);
       for (int k = 0; k < options.warmup; ++k) c.run();
+      // A collective's wait() orders the device's streams, not the host: the
+      // clock reads after the device finished.
+      const at::Device device(options.device);
+      synchronizeDevice(device);
       group.barrier()->wait();
       const auto start = Clock::now();
       for (int k = 0; k < options.iters; ++k) c.run();
+      synchronizeDevice(device);
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / options.iters;
       c.fill();
       c.run();
-      const auto [slowest, wrong] = agree(group, seconds, c.wrong());
+      const auto [slowest, wrong] = agree(group, seconds, c.wrong(), device);
 
       CommBenchResult row;
       row.op = op;

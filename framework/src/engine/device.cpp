@@ -16,6 +16,13 @@ namespace ptrain {
 
 int cudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
 
+void synchronizeDevice(at::Device device) {
+#if PTRAIN_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)device;
+}
+
 double peakDeviceMemoryMb(at::Device device) {
 #if PTRAIN_WITH_CUDA
   if (device.is_cuda()) {

@@ -1,5 +1,6 @@
 #include "ptrain/engine/memory_settings.h"
 
+#include "ptrain/engine/offload.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace ptrain {
@@ -37,6 +38,7 @@ std::vector<std::string> memorySettingWarnings(const Recipe& recipe, int64_t dp,
                        "data-parallel group, which has 1 rank here: it saves no memory; set it to false, or " +
                        "run with more ranks than tp * pp * cp");
   }
+  for (auto& w : offloadWarnings(recipe)) warnings.push_back(std::move(w));
   return warnings;
 }
 

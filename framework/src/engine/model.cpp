@@ -65,7 +65,12 @@ LossOutput StagedModel::forward(const Batch& micro) {
   if (!pipeline) return head(forwardHidden(micro), micro);
   torch::NoGradGuard noGrad;
   at::Tensor hidden = forwardHidden(micro);
-  at::Tensor sums = torch::zeros({2}, torch::kFloat64);
+  // On the device the stages compute on (where the micro-batch is, which every
+  // stage is given): the pipeline's backend (NCCL on cuda) broadcasts there.
+  const at::Device device = !micro.tensors.empty() ? micro.tensors.begin()->second.device()
+                            : hidden.defined()     ? hidden.device()
+                                                   : at::Device(at::kCPU);
+  at::Tensor sums = torch::zeros({2}, torch::TensorOptions(torch::kFloat64).device(device));
   if (pipeline->isLastStage()) {
     LossOutput out = head(hidden, micro);
     sums[0] = out.loss_sum.to(torch::kFloat64);

@@ -22,6 +22,10 @@ PTRAIN_API double cudaDeviceMemoryGib(int index);
 // host's) and in builds without CUDA.
 PTRAIN_API double peakDeviceMemoryMb(at::Device device);
 
+// Waits until every kernel queued on `device` has finished; nothing on the
+// cpu and in builds without CUDA. For timings of asynchronous work.
+PTRAIN_API void synchronizeDevice(at::Device device);
+
 // `requested` is the recipe's device: "cpu", "cuda", or "auto" (cuda when a
 // GPU is visible). On cuda, the worker with local rank r takes GPU r and
 // makes it the calling thread's current device; a worker without a GPU of its

@@ -58,6 +58,12 @@ PTRAIN_API std::vector<std::string> checkOffload(const Recipe& recipe);
 // Empty when offload is off or the folder is writable.
 PTRAIN_API std::vector<std::string> checkOffloadFolder(const Recipe& recipe, const std::string& runDir);
 
+// What the recipe may run but will regret, one line each: parameter offload
+// on cuda without model.recompute: full (autograd's saved views of a block's
+// weights keep their device copies from forward to backward, so the
+// parameters' share of device memory is not saved; measured on a 1.2B GPT).
+PTRAIN_API std::vector<std::string> offloadWarnings(const Recipe& recipe);
+
 class PTRAIN_API OffloadPlugin : public Plugin, public StepHooks {
  public:
   ~OffloadPlugin() override;
