@@ -8,6 +8,7 @@
 
 #include "ptrain/recipe/recipe.h"
 #include "adamw_kernel.h"
+#include "sparse_rows.h"
 #include "ptrain/engine/device.h"
 
 namespace ptrain {
@@ -30,6 +31,14 @@ OptimizerOptions OptimizerOptions::fromRecipe(const Recipe& r) {
   return o;
 }
 
+bool OptimizerOptions::isSparse(const std::string& parameterName) const {
+  if (sparse_name == "none") return false;
+  for (const auto& prefix : sparse_prefixes) {
+    if (parameterName.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 double learningRate(const OptimizerOptions& o, int64_t step) {
   if (o.warmup_steps > 0 && step < o.warmup_steps) {
     return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
@@ -46,6 +55,10 @@ Optimizer::~Optimizer() = default;
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
                      std::vector<std::string> slots, bool masterWeights)
+    : Optimizer(std::move(named), std::move(groups), std::move(slots), masterWeights, SlotSizes()) {}
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+                     std::vector<std::string> slots, bool masterWeights, const SlotSizes& slotSizes)
     : groups_(std::move(groups)), slotNames_(std::move(slots)) {
   // Positions in `named` -> positions among the kept parameters.
   std::vector<long> keptAt(named.size(), -1);
@@ -81,7 +94,19 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std:
   slots_.resize(slotNames_.size());
   for (size_t s = 0; s < slotNames_.size(); ++s) {
     for (size_t k = 0; k < params_.size(); ++k) {
-      slots_[s].push_back(torch::zeros_like(master_[k].defined() ? master_[k] : params_[k]));
+      const at::Tensor& like = master_[k].defined() ? master_[k] : params_[k];
+      if (!slotSizes) {
+        slots_[s].push_back(torch::zeros_like(like));
+        continue;
+      }
+      const auto sizes = slotSizes(s, names_[k], like);
+      if (!sizes) {
+        slots_[s].emplace_back();
+      } else if (like.sizes().equals(*sizes)) {
+        slots_[s].push_back(torch::zeros_like(like));
+      } else {
+        slots_[s].push_back(torch::zeros(*sizes, like.options()));
+      }
     }
   }
 }
@@ -122,7 +147,8 @@ bool Optimizer::step(double lr, double gradScale) {
 
 std::vector<at::Tensor> Optimizer::stateOf(size_t i) const {
   std::vector<at::Tensor> out;
-  for (const auto& slot : slots_) out.push_back(slot[i]);
+  for (const auto& slot : slots_)
+    if (slot[i].defined()) out.push_back(slot[i]);
   if (master_[i].defined()) out.push_back(master_[i]);
   return out;
 }
@@ -136,7 +162,9 @@ void Optimizer::zeroGrad() {
 std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t k = 0; k < names_.size(); ++k) {
-    for (size_t s = 0; s < slotNames_.size(); ++s) out.emplace_back(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    for (size_t s = 0; s < slotNames_.size(); ++s) {
+      if (slots_[s][k].defined()) out.emplace_back(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    }
     if (master_[k].defined()) out.emplace_back("master." + names_[k], master_[k]);
   }
   return out;
@@ -157,7 +185,9 @@ void Optimizer::load(const std::map<std::string, at::Tensor>& state, int64_t ste
     target.copy_(it->second);
   };
   for (size_t k = 0; k < names_.size(); ++k) {
-    for (size_t s = 0; s < slotNames_.size(); ++s) restore(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    for (size_t s = 0; s < slotNames_.size(); ++s) {
+      if (slots_[s][k].defined()) restore(slotNames_[s] + "." + names_[k], slots_[s][k]);
+    }
     if (master_[k].defined()) restore("master." + names_[k], master_[k]);
   }
   step_ = stepCount;
@@ -189,7 +219,7 @@ void fusedAdamw(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v
                       s);
 }
 
-class AdamW final : public Optimizer {
+class AdamW : public Optimizer {
  public:
   AdamW(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
         const OptimizerOptions& o)
@@ -200,6 +230,15 @@ class AdamW final : public Optimizer {
   const char* name() const override { return "adamw"; }
 
  protected:
+  // For optimizers that add slots after exp_avg and exp_avg_sq (which the
+  // AdamW update reads as slots 0 and 1).
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+        const OptimizerOptions& o, std::vector<std::string> slots, const SlotSizes& slotSizes)
+      : Optimizer(std::move(named), std::move(groups), std::move(slots), o.master_weights, slotSizes),
+        beta1_(o.beta1),
+        beta2_(o.beta2),
+        eps_(o.eps) {}
+
   void update(const std::vector<Item>& items, double gradScale, int64_t count) override {
     const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(count));
     const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(count));
@@ -250,6 +289,63 @@ class AdamW final : public Optimizer {
   double beta1_, beta2_, eps_;
 };
 
+// AdamW for the dense parameters, a sparse row update for the tables
+// (OptimizerOptions::sparse_name). Slots: exp_avg and exp_avg_sq (AdamW's,
+// and sparse_adam's moments), row_sum (rowwise_adagrad's accumulator).
+class SparseRowsAdamW final : public AdamW {
+ public:
+  SparseRowsAdamW(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+                  const OptimizerOptions& o)
+      : AdamW(std::move(named), std::move(groups), o, {"exp_avg", "exp_avg_sq", "row_sum"}, slotSizes(o)),
+        rowwise_(o.sparse_name == "rowwise_adagrad"),
+        name_("adamw+" + o.sparse_name),
+        beta1_(o.beta1),
+        beta2_(o.beta2),
+        eps_(o.eps) {
+    for (const auto& n : parameterNames()) sparse_.push_back(o.isSparse(n));
+  }
+  const char* name() const override { return name_.c_str(); }
+
+ protected:
+  void update(const std::vector<Item>& items, double gradScale, int64_t count) override {
+    std::vector<Item> dense;
+    for (const Item& item : items) {
+      if (!sparse_[item.index]) {
+        dense.push_back(item);
+        continue;
+      }
+      at::Tensor target = item.target;
+      if (rowwise_) {
+        detail::rowwiseAdagradRows(target, item.grad, slot(2, item.index), item.lr, eps_, item.weight_decay,
+                                   gradScale);
+      } else {
+        detail::sparseAdamRows(target, item.grad, slot(0, item.index), slot(1, item.index), item.lr, beta1_, beta2_,
+                               eps_, item.weight_decay, gradScale, count);
+      }
+    }
+    if (!dense.empty()) AdamW::update(dense, gradScale, count);
+  }
+
+ private:
+  static SlotSizes slotSizes(const OptimizerOptions& o) {
+    const bool rowwise = o.sparse_name == "rowwise_adagrad";
+    return [o, rowwise](size_t s, const std::string& name,
+                        const at::Tensor& p) -> std::optional<std::vector<int64_t>> {
+      if (!o.isSparse(name)) return s < 2 ? std::optional<std::vector<int64_t>>(p.sizes().vec()) : std::nullopt;
+      PTRAIN_CHECK_AS(ConfigError, p.dim() == 2, "optimizer.sparse_name ", o.sparse_name, ": '", name,
+                      "' is not a table of rows (shape ", p.sizes(),
+                      "); sparse rows need 2-d parameters (and not optimizer.distributed, which flattens them)");
+      if (rowwise) return s == 2 ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{p.size(0)}) : std::nullopt;
+      return s < 2 ? std::optional<std::vector<int64_t>>(p.sizes().vec()) : std::nullopt;
+    };
+  }
+
+  bool rowwise_;
+  std::string name_;
+  double beta1_, beta2_, eps_;
+  std::vector<bool> sparse_;  // per parameter
+};
+
 class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
@@ -292,6 +388,16 @@ class Sgd final : public Optimizer {
 
 std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
                                          std::vector<ParamGroup> groups, const OptimizerOptions& options) {
+  if (options.sparse_name != "none") {
+    PTRAIN_CHECK_AS(ConfigError, options.sparse_name == "rowwise_adagrad" || options.sparse_name == "sparse_adam",
+                    "optimizer.sparse_name: '", options.sparse_name,
+                    "' is not a sparse optimizer; use none, rowwise_adagrad or sparse_adam");
+    PTRAIN_CHECK_AS(ConfigError, options.name == "adamw", "optimizer.sparse_name ", options.sparse_name,
+                    " updates the tables beside adamw, not ", options.name, "; set optimizer.name to adamw");
+    PTRAIN_CHECK_AS(ConfigError, options.sparse_lr >= 0 && options.sparse_weight_decay >= 0,
+                    "optimizer: sparse_lr and sparse_weight_decay must be at least 0");
+    return std::make_unique<SparseRowsAdamW>(std::move(named), std::move(groups), options);
+  }
   if (options.name == "adamw") return std::make_unique<AdamW>(std::move(named), std::move(groups), options);
   if (options.name == "sgd") return std::make_unique<Sgd>(std::move(named), std::move(groups), options);
   throw ConfigError("optimizer.name: '" + options.name + "' is not an optimizer; use adamw or sgd");
@@ -301,6 +407,18 @@ std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::
                                          const OptimizerOptions& options) {
   ParamGroup decay{"decay", options.weight_decay, 1.0, {}};
   ParamGroup plain{"no_decay", 0.0, 1.0, {}};
+  if (options.sparse_name != "none") {
+    const double scale = options.sparse_lr > 0 ? options.sparse_lr / options.lr : 1.0;
+    ParamGroup sparse{"sparse", options.sparse_weight_decay, scale, {}};
+    for (size_t i = 0; i < named.size(); ++i) {
+      if (options.isSparse(named[i].first)) {
+        sparse.index.push_back(i);
+      } else {
+        (named[i].second.dim() >= 2 ? decay : plain).index.push_back(i);
+      }
+    }
+    return makeOptimizer(std::move(named), {decay, plain, sparse}, options);
+  }
   for (size_t i = 0; i < named.size(); ++i) (named[i].second.dim() >= 2 ? decay : plain).index.push_back(i);
   return makeOptimizer(std::move(named), {decay, plain}, options);
 }

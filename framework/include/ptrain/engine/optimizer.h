@@ -14,6 +14,21 @@
 // without, as Megatron-LM does. Each group has its own weight decay and a
 // learning-rate multiplier.
 //
+// Sparse rows (OptimizerOptions::sparse_name, docs/embedding_tables.md):
+// parameters whose names start with one of sparse_prefixes (embedding tables,
+// [rows, dim]) are updated row by row, and only the rows "touched" in the
+// step, those whose gradient row is not all zero; every other row, and its
+// state, stays bitwise as it is. The other parameters are updated by AdamW in
+// the default groups. The sparse rows form a group "sparse" of their own
+// (weight decay sparse_weight_decay, learning rate sparse_lr).
+//   rowwise_adagrad (FBGEMM's exact row-wise Adagrad): per touched row i,
+//     g = grad_i + wd * p_i; s_i += mean(g^2); p_i -= lr * g / (sqrt(s_i) + eps).
+//     One float ("row_sum", [rows]) of state per row.
+//   sparse_adam (torch.optim.SparseAdam, "lazy Adam"): per touched row,
+//     p *= 1 - lr * wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//     p -= lr * sqrt(1-b2^t) / (1-b1^t) * m / (sqrt(v) + eps), t the applied
+//     step count. Untouched rows keep their moments (unlike dense Adam).
+//
 // Master weights (OptimizerOptions::master_weights): for every parameter that
 // is not float32 the optimizer keeps a float32 copy, updates the copy from the
 // gradient (read as float32) and writes the rounded result back into the
@@ -55,6 +70,14 @@ struct PTRAIN_API OptimizerOptions {
   // States and masters sharded over the data-parallel group
   // (engine/distributed_optimizer.h); read by the runtime.
   bool distributed = false;
+  // Sparse rows (above): "none" | "rowwise_adagrad" | "sparse_adam"; with
+  // another value than "none", `name` must be adamw.
+  std::string sparse_name = "none";
+  std::vector<std::string> sparse_prefixes;  // e.g. {"embeddings."}
+  double sparse_lr = 0;            // peak lr of the sparse rows; 0: lr (the schedule scales both alike)
+  double sparse_weight_decay = 0;  // L2 (rowwise_adagrad) or decoupled (sparse_adam), touched rows only
+  // True when sparse_name is set and `parameterName` starts with a prefix.
+  bool isSparse(const std::string& parameterName) const;
   static OptimizerOptions fromRecipe(const Recipe& recipe);
 };
 
@@ -77,7 +100,7 @@ class PTRAIN_API Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // "adamw", "sgd".
+  // "adamw", "sgd", "adamw+rowwise_adagrad", "adamw+sparse_adam".
   virtual const char* name() const = 0;
 
   // One update with learning rate `lr`, each gradient multiplied by
@@ -99,7 +122,8 @@ class PTRAIN_API Optimizer {
   const std::vector<std::string>& slotNames() const { return slotNames_; }
   // The float32 copy of parameter i, or an undefined tensor.
   const at::Tensor& master(size_t i) const { return master_[i]; }
-  // The tensors the optimizer keeps for parameter i: its state slots, then
+  // The tensors the optimizer keeps for parameter i: its state slots (those
+  // it has: a sparse optimizer gives a parameter only some), then
   // its master when it has one. The same tensor objects it updates, so a
   // caller may move their storage (Tensor::set_data, e.g. to an offload
   // tier) between steps.
@@ -115,7 +139,9 @@ class PTRAIN_API Optimizer {
   std::function<void(size_t index, bool done)> update_observer;
 
   // State as named tensors "<slot>.<param>" (e.g. "exp_avg.blocks.0.w",
-  // "master.blocks.0.w") for checkpoints, parameter by parameter, and back.
+  // "master.blocks.0.w", "row_sum.embeddings.row_wise.user") for
+  // checkpoints, parameter by parameter, and back; a slot a parameter does
+  // not have is left out.
   // load() checks names and shapes (CheckpointError) and restores the count
   // of applied steps.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
@@ -128,6 +154,14 @@ class PTRAIN_API Optimizer {
   // created as zeros shaped like the parameter, float32 when it has a master.
   Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
             std::vector<std::string> slots, bool masterWeights);
+  // The same with slot shapes of the caller's choosing: slotSizes(s, name, p)
+  // gives the sizes of slot s of parameter `name` (p: the tensor the slot
+  // goes with, its master when it has one), or nullopt when the parameter has
+  // no such slot (then slot(s, i) is undefined).
+  using SlotSizes = std::function<std::optional<std::vector<int64_t>>(size_t slot, const std::string& name,
+                                                                      const at::Tensor& p)>;
+  Optimizer(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
+            std::vector<std::string> slots, bool masterWeights, const SlotSizes& slotSizes);
 
   // One parameter's part of an update.
   struct Item {
@@ -154,10 +188,15 @@ class PTRAIN_API Optimizer {
 };
 
 // The optimizer `options.name` over `named`, in the default groups: weight
-// decay for tensors of two or more dimensions, none for the others.
+// decay for tensors of two or more dimensions, none for the others. With
+// options.sparse_name set, the parameters options.isSparse names go to a third
+// group, "sparse", updated by the sparse optimizer (ConfigError when one is
+// not 2-d, or when name is not adamw).
 PTRAIN_API std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
                                                     const OptimizerOptions& options);
-// The same with groups of the caller's choosing (each parameter in exactly one).
+// The same with groups of the caller's choosing (each parameter in exactly
+// one); with options.sparse_name set, the parameters options.isSparse names
+// are updated by the sparse optimizer whatever their group.
 PTRAIN_API std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::Tensor>> named,
                                                     std::vector<ParamGroup> groups, const OptimizerOptions& options);
 

@@ -1,0 +1,45 @@
+#include "sparse_rows.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace ptrain::detail {
+
+at::Tensor touchedRows(const at::Tensor& grad) { return grad.ne(0).any(1).nonzero().squeeze(1); }
+
+void rowwiseAdagradRows(at::Tensor& param, const at::Tensor& grad, at::Tensor& rowSum, double lr, double eps,
+                        double weightDecay, double gradScale) {
+  const at::Tensor rows = touchedRows(grad);
+  if (rows.numel() == 0) return;
+  // Gathered, updated, scattered back: the cost follows the touched rows
+  // (plus one pass over the gradient to find them).
+  at::Tensor g = grad.index_select(0, rows);
+  if (gradScale != 1.0) g = g * gradScale;
+  at::Tensor p = param.index_select(0, rows);
+  if (weightDecay > 0) g = g + p * weightDecay;
+  at::Tensor sum = rowSum.index_select(0, rows) + g.square().mean(1);
+  rowSum.index_copy_(0, rows, sum);
+  p.addcdiv_(g, (sum.sqrt() + eps).unsqueeze(1), -lr);
+  param.index_copy_(0, rows, p);
+}
+
+void sparseAdamRows(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at::Tensor& v, double lr, double beta1,
+                    double beta2, double eps, double weightDecay, double gradScale, int64_t count) {
+  const at::Tensor rows = touchedRows(grad);
+  if (rows.numel() == 0) return;
+  at::Tensor g = grad.index_select(0, rows);
+  if (gradScale != 1.0) g = g * gradScale;
+  at::Tensor p = param.index_select(0, rows);
+  if (weightDecay > 0) p.mul_(1.0 - lr * weightDecay);
+  at::Tensor mr = m.index_select(0, rows).mul_(beta1).add_(g, 1.0 - beta1);
+  at::Tensor vr = v.index_select(0, rows).mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+  m.index_copy_(0, rows, mr);
+  v.index_copy_(0, rows, vr);
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(count));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(count));
+  p.addcdiv_(mr, vr.sqrt().add_(eps), -lr * std::sqrt(bc2) / bc1);
+  param.index_copy_(0, rows, p);
+}
+
+}  // namespace ptrain::detail
