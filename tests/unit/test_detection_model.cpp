@@ -6,12 +6,17 @@
 
 #include <torch/torch.h>
 
+#include <zlib.h>
+
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "centernet.h"
 #include "coco_eval.h"
+#include "picture.h"
 #include "ptrain/datasets/mosaic.h"
+#include "support/test_support.h"
 
 namespace {
 
@@ -134,4 +139,133 @@ TEST(DetectionModel, ForwardKeepsTheBlockShapeAndCountsObjects) {
   EXPECT_TRUE(model.module().named_parameters()["head.out.weight"].grad().defined());
   // Heatmap biases start at CenterNet's prior (sigmoid(-2.19) ~ 0.1).
   EXPECT_NEAR(model.module().named_parameters()["head.out.bias"][0].item<double>(), -2.19, 1e-6);
+}
+
+// At block stride 8 the blocks run at half the side with dilations, and the
+// head still answers at stride 4.
+TEST(DetectionModel, BlockStrideEightUpsamplesToTheOutputStride) {
+  torch::manual_seed(3);
+  CenterNetConfig config;
+  config.num_blocks = 2;
+  config.block_stride = 8;
+  config.dilations = {1, 2};
+  CenterNetModel model(config);
+  datasets::MosaicOptions options;
+  options.canvas = 64;
+  options.max_items = 3;
+  options.max_scale = 1.25;
+  Batch batch = datasets::mosaicBatch(options, datasets::MosaicSplit::kTrain, 0, 2);
+  addCenterNetTargets(batch, kClasses, options.canvas);
+  at::Tensor hidden = model.embed(batch);
+  EXPECT_EQ(hidden.sizes(), (std::vector<int64_t>{2, config.channels, 8, 8}));
+  at::Tensor after = model.runBlock(1, model.runBlock(0, hidden));
+  EXPECT_EQ(after.sizes(), hidden.sizes());
+  EXPECT_EQ(model.headOutputs(after).sizes(), (std::vector<int64_t>{2, kClasses + 4, 16, 16}));
+  ptrain::LossOutput loss = model.head(after, batch);
+  EXPECT_TRUE(std::isfinite(loss.loss_sum.item<double>()));
+  EXPECT_EQ(normGroups(64), 16);
+  EXPECT_EQ(normGroups(6), 1);
+  EXPECT_EQ(normGroups(12), 3);
+}
+
+namespace {
+
+// The PNG's IHDR fields and its decompressed rows (filter byte + RGB).
+struct DecodedPng {
+  uint32_t width = 0, height = 0;
+  int bitDepth = 0, colourType = 0;
+  std::string rows;
+};
+
+uint32_t readUint32(const std::string& s, size_t at) {
+  return (uint32_t(uint8_t(s[at])) << 24) | (uint32_t(uint8_t(s[at + 1])) << 16) | (uint32_t(uint8_t(s[at + 2])) << 8) |
+         uint32_t(uint8_t(s[at + 3]));
+}
+
+DecodedPng decodePng(const std::string& file) {
+  DecodedPng out;
+  EXPECT_EQ(file.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  std::string idat;
+  for (size_t at = 8; at + 12 <= file.size();) {
+    const uint32_t length = readUint32(file, at);
+    const std::string type = file.substr(at + 4, 4), data = file.substr(at + 8, length);
+    const std::string typed = type + data;
+    EXPECT_EQ(readUint32(file, at + 8 + length),
+              crc32(0L, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size())))
+        << type;
+    if (type == "IHDR") {
+      out.width = readUint32(data, 0);
+      out.height = readUint32(data, 4);
+      out.bitDepth = uint8_t(data[8]);
+      out.colourType = uint8_t(data[9]);
+    } else if (type == "IDAT") {
+      idat += data;
+    }
+    at += 12 + length;
+  }
+  out.rows.resize(size_t(out.height) * (size_t(out.width) * 3 + 1));
+  uLongf size = out.rows.size();
+  EXPECT_EQ(uncompress(reinterpret_cast<Bytef*>(out.rows.data()), &size, reinterpret_cast<const Bytef*>(idat.data()),
+                       static_cast<uLong>(idat.size())),
+            Z_OK);
+  EXPECT_EQ(size, out.rows.size());
+  return out;
+}
+
+Rgb pixelAt(const DecodedPng& png, int64_t x, int64_t y) {
+  const size_t at = size_t(y) * (size_t(png.width) * 3 + 1) + 1 + size_t(x) * 3;
+  return Rgb{uint8_t(png.rows[at]), uint8_t(png.rows[at + 1]), uint8_t(png.rows[at + 2])};
+}
+
+bool same(Rgb a, Rgb b) { return a.r == b.r && a.g == b.g && a.b == b.b; }
+
+}  // namespace
+
+// predictions.png: a valid PNG (read back with zlib) of the canvases, true
+// boxes green, a detection of the right class blue, of the wrong class red.
+TEST(DetectionPicture, PngOfCanvasesWithTrueAndDetectedBoxes) {
+  datasets::MosaicOptions options;
+  options.canvas = 64;
+  options.max_items = 3;
+  options.max_scale = 1.25;
+  const datasets::MosaicSample first = datasets::mosaicSample(options, datasets::MosaicSplit::kValidation, 0);
+  const datasets::MosaicBox& b = first.boxes.at(0);
+  GroundTruth truth;
+  truth.image_id = 0;
+  truth.category_id = datasets::mosaicCocoCategoryId(b.label);
+  truth.bbox = Box{double(b.x), double(b.y), double(b.width), double(b.height)};
+  Detection right{0, truth.category_id, truth.bbox, 0.9};
+  Detection wrong{1, truth.category_id, Box{4, 4, 20, 20}, 0.9};
+  Detection faint{1, truth.category_id, Box{30, 30, 20, 20}, 0.1};
+
+  const RgbImage picture = predictionPicture(options, 2, 2, 2, {truth}, {right, wrong, faint}, 0.3);
+  const int64_t margin = 4, cell = 64 * 2;
+  EXPECT_EQ(picture.width, 2 * cell + 3 * margin);
+  EXPECT_EQ(picture.height, cell + 2 * margin);
+
+  ptrain::test::TempDir tmp;
+  const std::string path = tmp.path() + "/p.png";
+  writePng(path, picture);
+  const DecodedPng png = decodePng(ptrain::test::readFile(path));
+  EXPECT_EQ(png.width, uint32_t(picture.width));
+  EXPECT_EQ(png.height, uint32_t(picture.height));
+  EXPECT_EQ(png.bitDepth, 8);
+  EXPECT_EQ(png.colourType, 2);
+  // The right detection's 1-pixel outline over the true box's 2-pixel one:
+  // blue at the corner, green one pixel in.
+  const int64_t x0 = margin + b.x * 2, y0 = margin + b.y * 2;
+  EXPECT_TRUE(same(pixelAt(png, x0, y0), kRightDetectionColour));
+  EXPECT_TRUE(same(pixelAt(png, x0 + 1, y0 + 1), kTrueBoxColour));
+  // Canvas 1 has no truth here: its detection is red, the faint one absent.
+  const int64_t left1 = margin + cell + margin;
+  EXPECT_TRUE(same(pixelAt(png, left1 + 8, margin + 8), kWrongDetectionColour));
+  const Rgb belowThreshold = pixelAt(png, left1 + 60, margin + 60);
+  EXPECT_EQ(belowThreshold.r, belowThreshold.g);  // grey canvas, no box
+  EXPECT_EQ(belowThreshold.g, belowThreshold.b);
+  // The canvas itself: its grey levels, doubled in size (canvas 1's pixel
+  // (40, 40), away from the red outline).
+  const datasets::MosaicSample second = datasets::mosaicSample(options, datasets::MosaicSplit::kValidation, 1);
+  const auto level = uint8_t(std::lround(second.image[0][40][40].item<float>() * 255.0f));
+  EXPECT_TRUE(same(pixelAt(png, left1 + 80, margin + 80), Rgb{level, level, level}));
+  EXPECT_TRUE(same(pixelAt(png, left1 + 81, margin + 81), Rgb{level, level, level}));
 }

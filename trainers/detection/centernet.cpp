@@ -20,15 +20,22 @@ torch::nn::Conv2dOptions convOptions(int64_t in, int64_t out, int64_t kernel, in
   return torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2);
 }
 
-nn::ParallelConv2dOptions parallelConv(int64_t in, int64_t out, int64_t kernel) {
+nn::ParallelConv2dOptions parallelConv(int64_t in, int64_t out, int64_t kernel, int64_t dilation = 1) {
   nn::ParallelConv2dOptions o(in, out, kernel);
-  o.padding = {kernel / 2, kernel / 2};
+  o.dilation = {dilation, dilation};
+  o.padding = {dilation * (kernel / 2), dilation * (kernel / 2)};
   return o;
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
+
+int64_t normGroups(int64_t channels) {
+  int64_t groups = std::max<int64_t>(1, channels / kChannelsPerGroup);
+  while (channels % groups != 0) --groups;
+  return groups;
+}
 
 double gaussianRadius(double height, double width, double minOverlap) {
   // CenterNet's gaussian_radius, including its halving of the quadratics'
@@ -101,32 +108,47 @@ void addCenterNetTargets(Batch& batch, int64_t classes, int64_t canvas) {
 
 CenterNetStemImpl::CenterNetStemImpl(const CenterNetConfig& c) {
   conv1 = register_module("conv1", torch::nn::Conv2d(convOptions(1, c.stem_channels, 3, 2)));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(c.stem_channels));
-  conv2 = register_module("conv2", torch::nn::Conv2d(convOptions(c.stem_channels, c.channels, 3, 2)));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(c.channels));
+  norm1 = register_module("norm1", torch::nn::GroupNorm(normGroups(c.stem_channels), c.stem_channels));
+  const int64_t second = c.block_stride == 8 ? 2 * c.stem_channels : c.channels;
+  conv2 = register_module("conv2", torch::nn::Conv2d(convOptions(c.stem_channels, second, 3, 2)));
+  norm2 = register_module("norm2", torch::nn::GroupNorm(normGroups(second), second));
+  if (c.block_stride == 8) {
+    conv3 = register_module("conv3", torch::nn::Conv2d(convOptions(second, c.channels, 3, 2)));
+    norm3 = register_module("norm3", torch::nn::GroupNorm(normGroups(c.channels), c.channels));
+  }
 }
 
 at::Tensor CenterNetStemImpl::forward(const at::Tensor& images) {
-  at::Tensor x = torch::relu(bn1(conv1(images)));
-  return torch::relu(bn2(conv2(x)));
+  at::Tensor x = torch::relu(norm1(conv1(images)));
+  x = torch::relu(norm2(conv2(x)));
+  return conv3 ? torch::relu(norm3(conv3(x))) : x;
 }
 
-CenterNetBlockImpl::CenterNetBlockImpl(const CenterNetConfig& c) {
-  expand = register_module("expand", nn::ColumnParallelConv2d(parallelConv(c.channels, c.inner_channels, 3)));
-  bn = register_module("bn", nn::ChannelParallelBatchNorm2d(c.inner_channels));
+CenterNetBlockImpl::CenterNetBlockImpl(const CenterNetConfig& c, int64_t dilation) {
+  expand = register_module("expand",
+                           nn::ColumnParallelConv2d(parallelConv(c.channels, c.inner_channels, 3, dilation)));
+  norm = register_module("norm",
+                         nn::ChannelParallelGroupNorm(normGroups(c.inner_channels), c.inner_channels));
   up = register_module("up", nn::RowParallelConv2d(parallelConv(c.inner_channels, c.channels, 1)));
 }
 
 at::Tensor CenterNetBlockImpl::forward(const at::Tensor& x) {
-  return torch::relu(x + up(torch::relu(bn(expand(x)))));
+  return torch::relu(x + up(torch::relu(norm(expand(x)))));
 }
 
 CenterNetHeadImpl::CenterNetHeadImpl(const CenterNetConfig& c) {
-  features = register_module("features", torch::nn::Conv2d(convOptions(c.channels, c.channels, 3, 1)));
-  out = register_module("out", torch::nn::Conv2d(convOptions(c.channels, c.classes + 4, 1, 1)));
+  upsample = c.block_stride / kOutputStride;
+  features = register_module("features", torch::nn::Conv2d(convOptions(c.channels, c.head_channels, 3, 1)));
+  out = register_module("out", torch::nn::Conv2d(convOptions(c.head_channels, c.classes + 4, 1, 1)));
 }
 
-at::Tensor CenterNetHeadImpl::forward(const at::Tensor& x) { return out(torch::relu(features(x))); }
+at::Tensor CenterNetHeadImpl::forward(const at::Tensor& x) {
+  at::Tensor in = x;
+  if (upsample > 1) {
+    in = torch::upsample_nearest2d(x, {x.size(2) * upsample, x.size(3) * upsample});
+  }
+  return out(torch::relu(features(in)));
+}
 
 CenterNetModuleImpl::CenterNetModuleImpl(const CenterNetConfig& c, const ModelBuild& build) {
   // Registration order is the parameter order: embed, blocks, head.
@@ -134,7 +156,10 @@ CenterNetModuleImpl::CenterNetModuleImpl(const CenterNetConfig& c, const ModelBu
   if (build.embed) stem = embed->register_module("stem", CenterNetStem(c));
   blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int i = 0; i < static_cast<int>(c.num_blocks); ++i) {
-    if (build.buildsBlock(i)) built.emplace(i, blocks->register_module(std::to_string(i), CenterNetBlock(c)));
+    const int64_t dilation = c.dilations.at(static_cast<size_t>(i) % c.dilations.size());
+    if (build.buildsBlock(i)) {
+      built.emplace(i, blocks->register_module(std::to_string(i), CenterNetBlock(c, dilation)));
+    }
   }
   if (build.head) head = register_module("head", CenterNetHead(c));
 }
@@ -146,6 +171,12 @@ CenterNetModel::CenterNetModel(const CenterNetConfig& config, const ModelBuild& 
   PTRAIN_CHECK_AS(ConfigError, c.num_blocks >= 1, "model.num_layers: ", c.num_blocks, " must be >= 1");
   PTRAIN_CHECK_AS(ConfigError, c.channels >= 1 && c.inner_channels >= 1 && c.stem_channels >= 1,
                   "centernet: channel counts must be >= 1");
+  PTRAIN_CHECK_AS(ConfigError, c.block_stride == 4 || c.block_stride == 8, "model.block_stride: ", c.block_stride,
+                  " must be 4 or 8");
+  PTRAIN_CHECK_AS(ConfigError, !c.dilations.empty(), "model.block_dilations: give at least one dilation, e.g. [1]");
+  for (int64_t d : c.dilations) {
+    PTRAIN_CHECK_AS(ConfigError, d >= 1, "model.block_dilations: ", d, " must be >= 1 (1: no dilation)");
+  }
   const uint64_t baseSeed = static_cast<uint64_t>(
       torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
   root_ = CenterNetModule(c, build);
@@ -159,7 +190,7 @@ void CenterNetModel::initialise(uint64_t baseSeed) {
   for (auto& item : root_->named_parameters()) {
     const std::string& name = item.key();
     at::Tensor& p = item.value();
-    const bool norm = contains(name, ".bn") || contains(name, "bn.");
+    const bool norm = contains(name, ".norm");
     if (name == "head.out.bias") {
       p.zero_();
       p.narrow(0, 0, config_.classes).fill_(-2.19);
@@ -246,7 +277,7 @@ TensorParallelPlan CenterNetModel::tensorParallelPlan() {
   for (auto& [i, block] : root_->built) {
     const std::string prefix = blockPrefix(i);
     plan.layers.emplace_back(prefix + "expand.", block->expand.get());
-    plan.layers.emplace_back(prefix + "bn.", block->bn.get());
+    plan.layers.emplace_back(prefix + "norm.", block->norm.get());
     plan.layers.emplace_back(prefix + "up.", block->up.get());
   }
   return plan;

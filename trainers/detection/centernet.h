@@ -3,20 +3,20 @@
 // centre, with its size and the sub-cell offset of the centre regressed at
 // that cell.
 //
-//   embed:  stem.conv1 3x3 stride 2 (1 -> stem_channels) -> BN -> ReLU
-//           stem.conv2 3x3 stride 2 (stem_channels -> channels) -> BN -> ReLU
+//   embed:  stem.conv1 3x3 stride 2 (1 -> stem_channels) -> GroupNorm -> ReLU
+//           stem.conv2 3x3 stride 2 (stem_channels -> channels) -> GroupNorm -> ReLU
 //           (a 128 canvas becomes 32x32; the downsampling is all here so that
 //           every block keeps the shape, which a pipeline needs)
-//   block:  x = ReLU(x + up(ReLU(bn(expand(x)))))
+//   block:  x = ReLU(x + up(ReLU(norm(expand(x)))))
 //           expand: ColumnParallelConv2d 3x3 (channels -> inner_channels)
-//           bn:     ChannelParallelBatchNorm2d (inner_channels)
+//           norm:   ChannelParallelGroupNorm (inner_channels, 4 per group)
 //           up:     RowParallelConv2d 1x1 (inner_channels -> channels)
 //   head:   features 3x3 (channels -> channels) -> ReLU -> out 1x1 (channels ->
 //           classes + 4): heatmap logits (classes), size (w, h in output
 //           cells), offset (x, y of the centre within its cell)
 //
 // Parameter names: embed.stem.{conv1,conv2}.{weight,bias},
-// embed.stem.{bn1,bn2}.{weight,bias}, blocks.<i>.{expand,bn,up}.{weight,bias},
+// embed.stem.{norm1,norm2}.{weight,bias}, blocks.<i>.{expand,norm,up}.{weight,bias},
 // head.{features,out}.{weight,bias}.
 //
 // Loss (head): CenterNet's penalty-reduced focal loss (alpha 2, beta 4) on
@@ -43,7 +43,7 @@
 #include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/conv.h>
 
 #include "coco_eval.h"
@@ -54,13 +54,30 @@
 namespace ptrain::detection {
 
 inline constexpr int64_t kOutputStride = 4;
+// Group norm's groups hold 4 channels (or the nearest divisor of the
+// channels giving at least 4): per-sample statistics, so a data-parallel
+// split normalises exactly as one rank does, and no running statistics to
+// keep in checkpoints.
+inline constexpr int64_t kChannelsPerGroup = 4;
+int64_t normGroups(int64_t channels);
 
 struct CenterNetConfig {
   int64_t classes = 10;
   int64_t stem_channels = 16;
   int64_t channels = 32;        // width of the blocks and the head
   int64_t inner_channels = 64;  // width inside a block (the tensor-parallel split)
+  // Where the blocks run: 4 (the output stride) or 8, where a third stride-2
+  // stem convolution (2 * stem_channels -> channels) halves the side and the
+  // head upsamples (nearest) back to stride 4 before its features. At 8 the
+  // blocks afford twice the channels for the same cost and see twice as far.
+  int64_t block_stride = 4;
+  int64_t head_channels = 32;   // the head's 3x3 features (at stride 4)
   int64_t num_blocks = 2;
+  // Dilation of block i's 3x3 convolution: dilations[i % size]. Dilated
+  // blocks widen the receptive field at the same cost and shape (so every
+  // block still fits a pipeline stage): 1, 2, 4 make it 71 pixels after
+  // three blocks instead of 39, enough to see a 2x-scaled 56-pixel item.
+  std::vector<int64_t> dilations{1};
   double size_weight = 0.1;
   double offset_weight = 1.0;
 };
@@ -82,11 +99,11 @@ double gaussianRadius(double height, double width, double minOverlap = 0.7);
 
 class CenterNetBlockImpl : public torch::nn::Module {
  public:
-  explicit CenterNetBlockImpl(const CenterNetConfig& config);
+  CenterNetBlockImpl(const CenterNetConfig& config, int64_t dilation);
   at::Tensor forward(const at::Tensor& x);
 
   nn::ColumnParallelConv2d expand{nullptr};
-  nn::ChannelParallelBatchNorm2d bn{nullptr};
+  nn::ChannelParallelGroupNorm norm{nullptr};
   nn::RowParallelConv2d up{nullptr};
 };
 TORCH_MODULE(CenterNetBlock);
@@ -96,17 +113,19 @@ class CenterNetStemImpl : public torch::nn::Module {
   explicit CenterNetStemImpl(const CenterNetConfig& config);
   at::Tensor forward(const at::Tensor& images);
 
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};  // conv3: block_stride 8 only
+  torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
 };
 TORCH_MODULE(CenterNetStem);
 
 class CenterNetHeadImpl : public torch::nn::Module {
  public:
   explicit CenterNetHeadImpl(const CenterNetConfig& config);
-  // [N, channels, h, w] -> [N, classes + 4, h, w] raw outputs.
+  // [N, channels, h, w] at the block stride -> [N, classes + 4, H/4, W/4]
+  // raw outputs.
   at::Tensor forward(const at::Tensor& x);
 
+  int64_t upsample = 1;  // block_stride / 4
   torch::nn::Conv2d features{nullptr}, out{nullptr};
 };
 TORCH_MODULE(CenterNetHead);
@@ -156,7 +175,7 @@ class CenterNetModel : public StagedModel {
   // Raw head outputs [N, classes + 4, h, w] of the last blocks' output.
   at::Tensor headOutputs(const at::Tensor& hidden);
 
-  // expand, bn and up of every built block.
+  // expand, norm and up of every built block.
   TensorParallelPlan tensorParallelPlan() override;
   void setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state) override;
 

@@ -7,6 +7,7 @@
 
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/engine/engine.h"
+#include "picture.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -19,6 +20,12 @@ namespace {
 // Canvases decoded in one forward pass: bounds the activation memory of
 // evaluation whatever data.eval_size is.
 constexpr int64_t kEvalChunk = 64;
+// predictions.png: the first 8 validation canvases, 4 to a row, twice their
+// size; detections scoring at least 0.3 (below that, peaks the evaluation
+// ranks low anyway).
+constexpr int64_t kPictureCanvases = 8;
+constexpr int64_t kPictureColumns = 4;
+constexpr double kPictureMinScore = 0.3;
 
 }  // namespace
 
@@ -43,6 +50,15 @@ void DetectionTrainer::describeKeys(Schema& schema) const {
   schema.add(atLeast(key("model.offset_loss_weight", T::kFloat, "1.0",
                          "Weight of the L1 loss on the sub-cell offset of object centres."),
                      0));
+  schema.add(key("model.block_stride", T::kInt, "4",
+                 "Stride at which the blocks run: 4 (the output stride) or 8 (a third stride-2 stem convolution; "
+                 "the head upsamples back to 4)."));
+  schema.add(atLeast(key("model.head_channels", T::kInt, "0",
+                         "Channels of the head's 3x3 features at stride 4; 0: model.hidden_size."),
+                     0));
+  schema.add(key("model.block_dilations", T::kIntList, "[1]",
+                 "Dilation of each block's 3x3 convolution, cycled over the blocks (block i takes entry i modulo "
+                 "the list's length): [1, 2, 4] sees 71 pixels after three blocks instead of 39."));
   schema.add(atLeast(key("model.max_detections", T::kInt, "100",
                          "Detections kept per canvas at evaluation: the highest heatmap peaks over all classes."),
                      1));
@@ -106,6 +122,17 @@ void DetectionTrainer::setup(const Recipe& recipe) {
   const int64_t inner = recipe.getInt("model.ffn_hidden_size");
   c.inner_channels = inner > 0 ? inner : 2 * c.channels;
   c.stem_channels = recipe.getInt("model.stem_channels");
+  c.dilations = recipe.getIntList("model.block_dilations");
+  c.block_stride = recipe.getInt("model.block_stride");
+  if (c.block_stride != 4 && c.block_stride != 8) {
+    recipe.fail("model.block_stride", std::to_string(c.block_stride) + " is not a stride the detector runs; use 4 or 8");
+  }
+  if (data.canvas % c.block_stride != 0) {
+    recipe.fail("data.canvas", std::to_string(data.canvas) + " is not a multiple of model.block_stride=" +
+                                   std::to_string(c.block_stride) + "; use e.g. " +
+                                   std::to_string(data.canvas / c.block_stride * c.block_stride));
+  }
+  c.head_channels = recipe.getInt("model.head_channels") > 0 ? recipe.getInt("model.head_channels") : c.channels;
   c.size_weight = recipe.getFloat("model.size_loss_weight");
   c.offset_weight = recipe.getFloat("model.offset_loss_weight");
   const int64_t tp = recipe.getInt("parallel.tensor_model_parallel_size");
@@ -113,6 +140,17 @@ void DetectionTrainer::setup(const Recipe& recipe) {
     recipe.fail("model.ffn_hidden_size", "the block's inner channels (" + std::to_string(c.inner_channels) +
                                              ") are not divisible by parallel.tensor_model_parallel_size=" +
                                              std::to_string(tp));
+  } else if (normGroups(c.inner_channels) % tp != 0) {
+    recipe.fail("model.ffn_hidden_size",
+                "the block's group norm has " + std::to_string(normGroups(c.inner_channels)) + " groups of " +
+                    std::to_string(c.inner_channels / normGroups(c.inner_channels)) +
+                    " channels, which parallel.tensor_model_parallel_size=" + std::to_string(tp) +
+                    " cannot split without cutting a group; use a multiple of " +
+                    std::to_string(kChannelsPerGroup * tp) + " inner channels");
+  }
+  if (c.dilations.empty()) recipe.fail("model.block_dilations", "give at least one dilation, e.g. [1]");
+  for (int64_t d : c.dilations) {
+    if (d < 1) recipe.fail("model.block_dilations", "dilation " + std::to_string(d) + " must be >= 1 (1: none)");
   }
 
   // Only a fully valid recipe replaces what an earlier setup() prepared.
@@ -237,6 +275,10 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
       datasets::writeCocoGroundTruth(run_dir_ + "/coco_gt.json", data_, n);
       wrote_ground_truth_ = true;
     }
+    // The first canvases with their true boxes and detections, for a look.
+    const int64_t shown = std::min<int64_t>(n, kPictureCanvases);
+    writePng(run_dir_ + "/predictions.png",
+             predictionPicture(data_, shown, kPictureColumns, 2, ground_truth_, found, kPictureMinScore));
   }
 
   std::map<std::string, double> out;
