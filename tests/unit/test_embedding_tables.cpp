@@ -13,6 +13,10 @@
 //   - a checkpoint gathered at tp 2 along each placement's split (as the engine
 //     saves it) and loaded at tp 4 and tp 1, weights and optimizer state,
 //     continuing as the uninterrupted single-rank run;
+//   - through ModelRuntime (the tensor and data plugins, clipping by the global
+//     norm, the engine's checkpoint gather and load): tp 2 x dp 2 for 6 steps,
+//     saved, resumed at tp 4 and at one rank for 4 more, every loss within
+//     1e-5 of the uninterrupted single-rank run, and the final tables too;
 //   - bad settings refused with ConfigError.
 #include <gtest/gtest.h>
 
@@ -23,12 +27,15 @@
 #include <memory>
 
 #include "ptrain/comm/backend.h"
+#include "ptrain/comm/communicator.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/comm/process_group.h"
 #include "ptrain/comm/store.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/engine/parameter_seed.h"
+#include "ptrain/engine/runtime.h"
 #include "ptrain/engine/safetensors.h"
 #include "ptrain/nn/embedding_tables.h"
 #include "ptrain/nn/tensor_parallel.h"
@@ -537,6 +544,163 @@ TEST(EmbeddingTables, BadSettingsAreConfigErrors) {
   EXPECT_EQ(configErrorOf([&] { nn::applyTensorParallel(model, three); }),
             "parallel.tensor_model_parallel_size: 3 does not divide emb.row_wise.user (vocab-parallel, size 40 along "
             "dim 0); use a size that divides 40");
+}
+
+// ---- through the engine's runtime ----
+
+ptrain::PluginRegistry& registry() {
+  static ptrain::PluginRegistry r(ptrain::PluginRegistry::defaultSearchPath({}));
+  return r;
+}
+
+// The tables (embed), one residual block, a logistic head: the recommender's
+// shape in small.
+class RecModel : public ptrain::StagedModel {
+ public:
+  explicit RecModel(const nn::EmbeddingTablesOptions& o) {
+    root_ = std::make_shared<torch::nn::Module>();
+    emb_ = root_->register_module("emb", nn::EmbeddingTables(o));
+    auto blocks = root_->register_module("blocks", std::make_shared<torch::nn::Module>());
+    block_ = blocks->register_module("0", torch::nn::Linear(o.dim * 3, o.dim * 3));
+    head_ = root_->register_module("head", torch::nn::Linear(o.dim * 3, 1));
+  }
+  torch::nn::Module& module() override { return *root_; }
+  int numBlocks() const override { return 1; }
+  std::string blockPrefix(int) const override { return "blocks.0."; }
+  std::vector<std::string> embedPrefixes() const override { return {"emb."}; }
+  std::vector<std::string> headPrefixes() const override { return {"head."}; }
+  at::Tensor embed(const ptrain::Batch& b) override {
+    at::Tensor ids = b.at("ids");
+    at::Tensor fields = emb_->forward(ids);
+    auto outs = emb_->lookups({{1, b.at("history"), true, nn::Pooling::kMean}, {1, ids.select(1, 1), false}});
+    return torch::cat({fields.sum(1), outs[0], outs[0] * outs[1]}, 1);
+  }
+  at::Tensor runBlock(int, const at::Tensor& h) override { return h + torch::tanh(block_(h)); }
+  ptrain::LossOutput head(const at::Tensor& h, const ptrain::Batch& b) override {
+    at::Tensor logits = head_(h).squeeze(1);
+    ptrain::LossOutput out;
+    out.loss_sum = torch::binary_cross_entropy_with_logits(logits, b.at("labels"), {}, {}, at::Reduction::Sum);
+    out.count = static_cast<double>(b.size());
+    return out;
+  }
+  ptrain::TensorParallelPlan tensorParallelPlan() override { return {{{"emb.", emb_.get()}}, {}}; }
+  void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override { state_ = std::move(state); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> root_;
+  nn::EmbeddingTables emb_{nullptr};
+  torch::nn::Linear block_{nullptr}, head_{nullptr};
+  std::shared_ptr<const TensorParallelState> state_;
+};
+
+ptrain::Batch recBatch(const nn::EmbeddingTablesOptions& o, int step) {
+  const TestIds in = batchOf(o, step);
+  ptrain::Batch b;
+  b.tensors.emplace("ids", in.ids);
+  b.tensors.emplace("history", in.history);
+  b.tensors.emplace("labels", labelsOf(in));
+  return b;
+}
+
+ptrain::RuntimeOptions recOptions(const ptrain::ParallelLayout& layout) {
+  ptrain::RuntimeOptions r;
+  r.layout = layout;
+  r.seed = 21;
+  auto o = sparseOptions("rowwise_adagrad");
+  o.clip_grad = 0.5;  // the global norm counts every shard once
+  r.optimizer = o;
+  return r;
+}
+
+std::unique_ptr<ptrain::ModelRuntime> recRuntime(ptrain::Communicator& comm) {
+  const auto o = testOptions();
+  return std::make_unique<ptrain::ModelRuntime>(
+      comm, registry(), [o](const ptrain::ModelBuild&) { return std::make_shared<RecModel>(o); },
+      recOptions(comm.layout()));
+}
+
+double recStep(ptrain::ModelRuntime& rt, int step) {
+  ptrain::Batch batch = recBatch(testOptions(), step);
+  ptrain::StepInput in;
+  in.step = step;
+  in.micro_batches = rt.microBatches(batch, 4);
+  in.loss_divisor = static_cast<double>(batch.size());
+  ptrain::StepResult r = rt.step(in);
+  EXPECT_TRUE(r.applied);
+  return r.loss;
+}
+
+std::unique_ptr<ptrain::Communicator> worldOf(int rank, int size, int port, int tp) {
+  at::set_num_threads(1);
+  ptrain::LayoutSizes sizes;
+  sizes.world = size;
+  sizes.tp = tp;
+  ptrain::RankEnv env;
+  env.rank = rank;
+  env.world_size = size;
+  env.local_rank = rank;
+  env.local_world_size = size;
+  env.master_port = port;
+  ptrain::PluginContext ctx;
+  ctx.logger = ptrain::logger();
+  ctx.rank = rank;
+  ctx.world_size = size;
+  ptrain::CommunicatorOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return std::make_unique<ptrain::Communicator>(env, ptrain::ParallelLayout(sizes), registry(), ctx, options);
+}
+
+std::map<std::string, at::Tensor> toMap(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  return {named.begin(), named.end()};
+}
+
+TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterruptedRun) {
+  // The uninterrupted run on one rank: 10 steps.
+  std::vector<double> reference;
+  std::map<std::string, at::Tensor> referenceParams;
+  {
+    auto comm = ptrain::Communicator::loopback();
+    auto rt = recRuntime(*comm);
+    for (int step = 0; step < 10; ++step) reference.push_back(recStep(*rt, step));
+    referenceParams = toMap(rt->gatherForCheckpoint().parameters);
+  }
+  ptrain::test::TempDir dir;
+  const std::string params = dir.path() + "/model.safetensors", state = dir.path() + "/optimizer.safetensors";
+
+  std::string failures = ptrain::test::runRanks(4, [&](int rank, int size, int port) {
+    auto comm = worldOf(rank, size, port, 2);  // tp 2 x dp 2
+    auto rt = recRuntime(*comm);
+    for (int step = 0; step < 6; ++step) {
+      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), reference[static_cast<size_t>(step)]), 1e-5)
+          << "tp 2 x dp 2, step " << step;
+    }
+    auto saved = rt->gatherForCheckpoint();
+    if (rank == 0) {
+      ptrain::saveSafetensors(params, saved.parameters);
+      ptrain::saveSafetensors(state, saved.optimizer);
+    }
+  });
+  ASSERT_EQ(failures, "");
+
+  auto resume = [&](ptrain::Communicator& comm, const std::string& what) {
+    auto rt = recRuntime(comm);
+    rt->loadCheckpoint(ptrain::loadSafetensors(params).tensors, ptrain::loadSafetensors(state).tensors, 6, "test");
+    for (int step = 6; step < 10; ++step) {
+      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), reference[static_cast<size_t>(step)]), 1e-5)
+          << what << ", step " << step;
+    }
+    auto full = toMap(rt->gatherForCheckpoint().parameters);
+    if (comm.rank() != 0) return;
+    EXPECT_EQ(full.size(), referenceParams.size());
+    for (const auto& [name, t] : referenceParams) expectClose(full.at(name), t, what + ": " + name, 1e-5);
+  };
+  failures = ptrain::test::runRanks(4, [&](int rank, int size, int port) {
+    auto comm = worldOf(rank, size, port, 4);
+    resume(*comm, "tp 4");
+  });
+  EXPECT_EQ(failures, "");
+  auto one = ptrain::Communicator::loopback();
+  resume(*one, "one rank");
 }
 
 }  // namespace
