@@ -5,7 +5,9 @@
 //     group's learning rate, weight decay and the step's gradient scale;
 //   - the dense parameters get exactly what plain AdamW gives them;
 //   - state names and shapes (one float per row for Adagrad), checkpoint
-//     round trip, and the settings refused with ConfigError.
+//     round trip, and the settings refused with ConfigError;
+//   - bfloat16 tables with float32 masters, and the one-parameter-at-a-time
+//     path of an offload tier (update_observer), give the same rows.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -208,6 +210,47 @@ TEST(SparseOptimizer, BadSettingsAreConfigErrors) {
   EXPECT_FALSE(o.isSparse("embedding.t"));
   o.sparse_name = "none";
   EXPECT_FALSE(o.isSparse("emb.t"));
+}
+
+// Three steps of a table and a dense weight with rows 0..2 touched in turn.
+std::map<std::string, at::Tensor> threeSteps(const std::string& sparse, at::ScalarType dtype, bool observed) {
+  at::Tensor table = (torch::arange(20).reshape({5, 4}) * 0.1).to(dtype).requires_grad_(true);
+  at::Tensor dense = (torch::arange(6).reshape({2, 3}) * 0.2).to(dtype).requires_grad_(true);
+  auto o = options(sparse);
+  o.master_weights = dtype != torch::kFloat;
+  auto opt = ptrain::makeOptimizer(Named{{"emb.t", table}, {"dense.w", dense}}, o);
+  std::vector<std::pair<size_t, bool>> calls;
+  if (observed) opt->update_observer = [&](size_t i, bool done) { calls.emplace_back(i, done); };
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor g = torch::zeros({5, 4});
+    g[step] = torch::tensor({1.0, -0.5, 0.25, 2.0}) * (step + 1);
+    table.mutable_grad() = g.to(dtype);
+    dense.mutable_grad() = torch::full({2, 3}, 0.3 * (step + 1)).to(dtype);
+    opt->step(o.lr, 0.8);
+  }
+  if (observed) EXPECT_EQ(calls.size(), 12u);  // before and after each of 2 parameters, 3 steps
+  std::map<std::string, at::Tensor> out{{"table", table.detach().clone()}, {"dense", dense.detach().clone()}};
+  for (auto& [name, t] : opt->state()) out[name] = t.clone();
+  return out;
+}
+
+TEST(SparseOptimizer, MastersAndTheObservedPathGiveTheSameRows) {
+  for (const char* sparse : {"rowwise_adagrad", "sparse_adam"}) {
+    const auto plain = threeSteps(sparse, torch::kFloat, false);
+    const auto observed = threeSteps(sparse, torch::kFloat, true);
+    for (const auto& [name, t] : plain) EXPECT_TRUE(torch::equal(t, observed.at(name))) << sparse << " " << name;
+
+    const auto bf16 = threeSteps(sparse, torch::kBFloat16, false);
+    ASSERT_EQ(bf16.count("master.emb.t"), 1u);
+    const at::Tensor& master = bf16.at("master.emb.t");
+    EXPECT_TRUE(torch::equal(bf16.at("table"), master.to(torch::kBFloat16))) << "the table is its rounded master";
+    // Rows 3 and 4 never had a gradient: bitwise their initial values.
+    at::Tensor initial = (torch::arange(20).reshape({5, 4}) * 0.1).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(bf16.at("table").narrow(0, 3, 2), initial.narrow(0, 3, 2))) << sparse;
+    // The float32 master follows the float32 run up to the bf16 start values.
+    EXPECT_LT((master.narrow(0, 0, 3) - plain.at("table").narrow(0, 0, 3)).abs().max().item<double>(), 2e-2)
+        << sparse;
+  }
 }
 
 }  // namespace
