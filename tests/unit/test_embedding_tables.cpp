@@ -220,6 +220,11 @@ TEST(EmbeddingShardingPlan, PlacesBySizeAndBalancesSlotsIndependentlyOfTp) {
   EXPECT_EQ(nn::embeddingParametersPerRank(o, 1), (104 + 120) * 6);
   EXPECT_EQ(nn::embeddingParametersPerRank(o, 4), (26 + 30) * 6);
 
+  const auto lines = nn::describeEmbeddingSharding(o, 2);
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[0], "user: row-wise, 40 rows, 20 per rank");
+  EXPECT_EQ(lines[6], "d: table-wise, 3 rows, slot 3 on rank 1");
+
   auto allRowWise = o;
   allRowWise.row_wise_threshold = 0;
   EXPECT_FALSE(nn::EmbeddingShardingPlan::of(allRowWise).hasTableWise());
@@ -284,6 +289,9 @@ TEST(EmbeddingTables, OneRankLooksUpEachTableAsTorchEmbedding) {
   expectClose(tables->pooled(1, in.history, nn::Pooling::kMean), rows.sum(1) / count, "mean pooling", 1e-7);
   EXPECT_EQ(tables->pooled(1, in.history, nn::Pooling::kMean)[0].abs().sum().item<double>(), 0.0)
       << "an empty bag pools to zeros";
+  EXPECT_THROW(tables->lookup(0, torch::tensor({3, 40})), ptrain::InternalError) << "user has 40 rows";
+  EXPECT_THROW(tables->lookup(3, torch::tensor({-2})), ptrain::InternalError);
+  EXPECT_THROW(tables->lookup(0, torch::tensor({1.0})), ptrain::InternalError) << "ids are int64";
 }
 
 class EmbeddingTpSizes : public ::testing::TestWithParam<int> {};

@@ -141,6 +141,23 @@ int64_t embeddingParametersPerRank(const EmbeddingTablesOptions& o, int tpSize) 
   return rows * o.dim;
 }
 
+std::vector<std::string> describeEmbeddingSharding(const EmbeddingTablesOptions& o, int tpSize) {
+  checkEmbeddingTablesTensorParallel(o, tpSize);
+  const EmbeddingShardingPlan plan = EmbeddingShardingPlan::of(o);
+  std::vector<std::string> lines;
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    const TableLocation& loc = plan.tables[t];
+    if (loc.sharding == TableSharding::kRowWise) {
+      lines.push_back(detail::concat(o.tables[t].name, ": row-wise, ", loc.rows, " rows, ",
+                                     plan.padded_rows[t] / tpSize, " per rank"));
+    } else {
+      lines.push_back(detail::concat(o.tables[t].name, ": table-wise, ", loc.rows, " rows, slot ", loc.slot,
+                                     " on rank ", plan.ownerOf(t, tpSize)));
+    }
+  }
+  return lines;
+}
+
 void fillEmbeddingRows(at::Tensor& out, uint64_t tableSeed, int64_t firstRow, double bound) {
   PTRAIN_CHECK(out.dim() == 2 && out.is_contiguous() && out.is_cpu(),
                "fillEmbeddingRows: needs a contiguous 2-d host tensor");
@@ -234,19 +251,11 @@ at::Tensor EmbeddingTablesImpl::tableFromFull(const std::string& name,
 }
 
 at::Tensor EmbeddingTablesImpl::partial(const Request& r) {
-  PTRAIN_CHECK(r.table >= 0 && r.table < numTables(), "embedding tables: no table ", r.table, " of ", numTables());
   const size_t t = static_cast<size_t>(r.table);
   const TableLocation& loc = plan_.tables[t];
   const at::Tensor& ids = r.ids;
-  PTRAIN_CHECK(ids.scalar_type() == at::kLong, "embedding table '", options_.tables[t].name, "': ids must be int64");
   PTRAIN_CHECK(!r.pooled || ids.dim() == 2, "embedding table '", options_.tables[t].name,
                "': pooled ids must be [batch, bag], not ", ids.sizes());
-  if (ids.numel() > 0) {
-    const int64_t lo = ids.min().item<int64_t>();
-    const int64_t hi = ids.max().item<int64_t>();
-    PTRAIN_CHECK(lo >= -1 && hi < loc.rows, "embedding table '", options_.tables[t].name, "' has ", loc.rows,
-                 " rows; ids from ", lo, " to ", hi, " (-1 is the only id allowed below 0)");
-  }
   std::vector<int64_t> outShape = ids.sizes().vec();
   if (r.pooled) outShape.pop_back();
   outShape.push_back(options_.dim);
@@ -285,8 +294,36 @@ at::Tensor EmbeddingTablesImpl::partial(const Request& r) {
   return sum / count;
 }
 
+void EmbeddingTablesImpl::checkIds(const std::vector<Request>& requests) const {
+  // Every request's smallest and largest id, brought to the host at once (one
+  // device synchronisation per call).
+  std::vector<at::Tensor> bounds;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    PTRAIN_CHECK(r.table >= 0 && r.table < numTables(), "embedding tables: no table ", r.table, " of ", numTables());
+    PTRAIN_CHECK(r.ids.scalar_type() == at::kLong, "embedding table '", options_.tables[r.table].name,
+                 "': ids must be int64");
+    if (r.ids.numel() == 0) continue;
+    auto [lo, hi] = at::aminmax(r.ids);
+    bounds.push_back(lo.reshape({1}));
+    bounds.push_back(hi.reshape({1}));
+    which.push_back(i);
+  }
+  if (bounds.empty()) return;
+  const at::Tensor host = torch::cat(bounds).cpu();
+  const int64_t* v = host.data_ptr<int64_t>();
+  for (size_t k = 0; k < which.size(); ++k) {
+    const auto& spec = options_.tables[static_cast<size_t>(requests[which[k]].table)];
+    const int64_t lo = v[2 * k], hi = v[2 * k + 1];
+    PTRAIN_CHECK(lo >= -1 && hi < spec.rows, "embedding table '", spec.name, "' has ", spec.rows, " rows; ids from ",
+                 lo, " to ", hi, " (-1 is the only id allowed below 0)");
+  }
+}
+
 std::vector<at::Tensor> EmbeddingTablesImpl::lookups(const std::vector<Request>& requests) {
   if (parallel()) checkEmbeddingTablesTensorParallel(options_, tpSize());
+  checkIds(requests);
   std::vector<at::Tensor> parts;
   parts.reserve(requests.size());
   for (const auto& r : requests) parts.push_back(partial(r));

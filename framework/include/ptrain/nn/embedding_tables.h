@@ -117,6 +117,11 @@ PTRAIN_API void checkEmbeddingTablesTensorParallel(const EmbeddingTablesOptions&
 // every rank (row ranges and slots split evenly), padding included.
 PTRAIN_API int64_t embeddingParametersPerRank(const EmbeddingTablesOptions& options, int tpSize);
 
+// One line per table for logs and `ptrain check`: "user: row-wise, 100000
+// rows, 25000 per rank" or "category: table-wise, 1000 rows, slot 3 on rank
+// 1". Throws as checkEmbeddingTablesTensorParallel.
+PTRAIN_API std::vector<std::string> describeEmbeddingSharding(const EmbeddingTablesOptions& options, int tpSize);
+
 // Fills `out` [count, dim] with rows first_row.. of a table's initial values
 // (seeded by `tableSeed`, uniform in [-bound, bound]); what the module draws.
 PTRAIN_API void fillEmbeddingRows(at::Tensor& out, uint64_t tableSeed, int64_t firstRow, double bound);
@@ -171,6 +176,9 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   // This rank's contribution to request `r`: [..., dim] (or [B, dim]
   // pooled), zeros for ids it does not hold.
   at::Tensor partial(const Request& r);
+  // Throws InternalError for a request of no table, ids that are not int64
+  // or out of [-1, rows).
+  void checkIds(const std::vector<Request>& requests) const;
   int tpRank() const { return parallel() ? tp_->rank : 0; }
   int tpSize() const { return parallel() ? tp_->size : 1; }
 
