@@ -8,6 +8,8 @@
 //   - tp {1, 2, 4}, sharded by applyTensorParallel: outputs of forward, lookup
 //     and pooled lookups within 1e-6, and each rank's gradient = its slice of
 //     the full gradient (row-wise ranges, table-wise slots on their owner);
+//     a module built with only its rank's rows equal to the slices, with the
+//     same splits in the placement;
 //   - 20 steps of tables + a dense head under AdamW with row-wise Adagrad and
 //     with sparse Adam at tp {2, 4} equal to one rank within 1e-5;
 //   - a checkpoint gathered at tp 2 along each placement's split (as the engine
@@ -16,7 +18,8 @@
 //   - through ModelRuntime (the tensor and data plugins, clipping by the global
 //     norm, the engine's checkpoint gather and load): tp 2 x dp 2 for 6 steps,
 //     saved, resumed at tp 4 and at one rank for 4 more, every loss within
-//     1e-5 of the uninterrupted single-rank run, and the final tables too;
+//     1e-5 of the uninterrupted single-rank run, and the final tables too
+//     (also with the tp 4 model built shard by shard);
 //   - bad settings refused with ConfigError.
 #include <gtest/gtest.h>
 
@@ -171,7 +174,10 @@ class TablesModel : public ptrain::StagedModel {
   at::Tensor runBlock(int, const at::Tensor& h) override { return h; }
   ptrain::LossOutput head(const at::Tensor&, const ptrain::Batch&) override { return {}; }
   ptrain::TensorParallelPlan tensorParallelPlan() override { return {{{"emb.", root_->emb.get()}}, {}}; }
-  void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override { state_ = std::move(state); }
+  void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override {
+    root_->emb->placeShards(placement, "emb.");  // when built sharded
+    state_ = std::move(state);
+  }
 
   // Click logit of each row: sum-pooled fields, item history (mean) and the
   // target item's lookups in one all-reduce, through the dense head.
@@ -324,6 +330,27 @@ TEST_P(EmbeddingTpSizes, ShardedTablesMatchOneRankForwardAndGradients) {
       EXPECT_EQ(placement.of("emb.table_wise").shardAlong(ptrain::GroupKind::kTensor)->full_size, 120);
       EXPECT_EQ(model.root_->emb->table_wise.size(0), 120 / n);
     }
+    // Built sharded: the same rows and splits, without a full table.
+    auto shardOptions = o;
+    shardOptions.shard_rank = tp->rank;
+    shardOptions.shard_count = n;
+    TablesModel built(shardOptions);
+    EXPECT_TRUE(built.root_->emb->splitParameters().empty() || n == 1);
+    nn::applyTensorParallel(built, tp);
+    auto sliced = model.module().named_parameters();
+    for (const auto& p : built.module().named_parameters()) {
+      EXPECT_TRUE(torch::equal(p.value(), sliced[p.key()])) << p.key() << " built sharded";
+      const auto& a = built.placement.of(p.key()).shards;
+      const auto& b = placement.of(p.key()).shards;
+      ASSERT_EQ(a.size(), b.size()) << p.key();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].dim, b[i].dim);
+        EXPECT_EQ(a[i].num_shards, b[i].num_shards);
+        EXPECT_EQ(a[i].index, b[i].index);
+        EXPECT_EQ(a[i].full_size, b[i].full_size) << p.key();
+      }
+    }
+
     at::Tensor fields = model.root_->emb->forward(in.ids);
     at::Tensor rows = model.root_->emb->lookup(1, in.history);
     at::Tensor pooled = model.root_->emb->pooled(4, in.ids.narrow(1, 0, 4).clamp_max(4), nn::Pooling::kSum);
@@ -592,7 +619,10 @@ class RecModel : public ptrain::StagedModel {
     return out;
   }
   ptrain::TensorParallelPlan tensorParallelPlan() override { return {{{"emb.", emb_.get()}}, {}}; }
-  void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override { state_ = std::move(state); }
+  void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override {
+    emb_->placeShards(placement, "emb.");
+    state_ = std::move(state);
+  }
 
  private:
   std::shared_ptr<torch::nn::Module> root_;
@@ -620,8 +650,13 @@ ptrain::RuntimeOptions recOptions(const ptrain::ParallelLayout& layout) {
   return r;
 }
 
-std::unique_ptr<ptrain::ModelRuntime> recRuntime(ptrain::Communicator& comm) {
-  const auto o = testOptions();
+// `shardBuilt`: the model builds only this rank's rows.
+std::unique_ptr<ptrain::ModelRuntime> recRuntime(ptrain::Communicator& comm, bool shardBuilt = false) {
+  auto o = testOptions();
+  if (shardBuilt) {
+    o.shard_count = comm.layout().tp();
+    o.shard_rank = comm.layout().indexIn(ptrain::GroupKind::kTensor, comm.rank());
+  }
   return std::make_unique<ptrain::ModelRuntime>(
       comm, registry(), [o](const ptrain::ModelBuild&) { return std::make_shared<RecModel>(o); },
       recOptions(comm.layout()));
@@ -690,8 +725,8 @@ TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterrupt
   });
   ASSERT_EQ(failures, "");
 
-  auto resume = [&](ptrain::Communicator& comm, const std::string& what) {
-    auto rt = recRuntime(comm);
+  auto resume = [&](ptrain::Communicator& comm, const std::string& what, bool shardBuilt) {
+    auto rt = recRuntime(comm, shardBuilt);
     rt->loadCheckpoint(ptrain::loadSafetensors(params).tensors, ptrain::loadSafetensors(state).tensors, 6, "test");
     for (int step = 6; step < 10; ++step) {
       EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), reference[static_cast<size_t>(step)]), 1e-5)
@@ -704,11 +739,16 @@ TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterrupt
   };
   failures = ptrain::test::runRanks(4, [&](int rank, int size, int port) {
     auto comm = worldOf(rank, size, port, 4);
-    resume(*comm, "tp 4");
+    resume(*comm, "tp 4", false);
+  });
+  EXPECT_EQ(failures, "");
+  failures = ptrain::test::runRanks(4, [&](int rank, int size, int port) {
+    auto comm = worldOf(rank, size, port, 4);
+    resume(*comm, "tp 4, built sharded", true);
   });
   EXPECT_EQ(failures, "");
   auto one = ptrain::Communicator::loopback();
-  resume(*one, "one rank");
+  resume(*one, "one rank", false);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ptrain/engine/parameter_seed.h"
+#include "ptrain/engine/placement.h"
 
 namespace ptrain::nn {
 namespace {
@@ -189,28 +190,38 @@ void fillEmbeddingRows(at::Tensor& out, uint64_t tableSeed, int64_t firstRow, do
 
 EmbeddingTablesImpl::EmbeddingTablesImpl(EmbeddingTablesOptions options)
     : options_(std::move(options)), plan_(EmbeddingShardingPlan::of(options_)) {
+  const int count = options_.shard_count;
+  PTRAIN_CHECK_AS(ConfigError, count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < count,
+                  "embedding tables: shard ", options_.shard_rank, " of ", count);
+  checkEmbeddingTablesTensorParallel(options_, count);
   torch::NoGradGuard noGrad;
   const int64_t dim = options_.dim;
+  const int64_t rank = options_.shard_rank;
   row_wise.resize(options_.tables.size());
   std::shared_ptr<torch::nn::Module> rowWise;
-  if (plan_.hasTableWise()) {
-    at::Tensor pack = torch::zeros({plan_.slots * plan_.slot_rows, dim});
-    table_wise = register_parameter("table_wise", pack);
-  }
+  // This rank's slots: the pack's rows from packStart on.
+  const int64_t packRows = plan_.slots / count * plan_.slot_rows;
+  const int64_t packStart = rank * packRows;
+  if (plan_.hasTableWise()) table_wise = register_parameter("table_wise", torch::zeros({packRows, dim}));
   for (size_t t = 0; t < options_.tables.size(); ++t) {
     const auto& spec = options_.tables[t];
     const TableLocation& loc = plan_.tables[t];
     const uint64_t seed = parameterSeed(options_.seed, spec.name);
+    const double bound = boundOf(options_, spec.rows);
     if (loc.sharding == TableSharding::kRowWise) {
       if (!rowWise) rowWise = register_module("row_wise", std::make_shared<torch::nn::Module>());
-      at::Tensor weight = torch::zeros({plan_.padded_rows[t], dim});
-      at::Tensor rows = weight.narrow(0, 0, spec.rows);
-      fillEmbeddingRows(rows, seed, 0, boundOf(options_, spec.rows));
+      const int64_t local = plan_.padded_rows[t] / count;
+      const int64_t first = rank * local;
+      at::Tensor weight = torch::zeros({local, dim});
+      const int64_t real = std::max<int64_t>(0, std::min(local, spec.rows - first));  // the rest is padding
+      if (real > 0) {
+        at::Tensor rows = weight.narrow(0, 0, real);
+        fillEmbeddingRows(rows, seed, first, bound);
+      }
       row_wise[t] = rowWise->register_parameter(spec.name, weight);
-    } else {
-      at::Tensor rows = torch::empty({spec.rows, dim});
-      fillEmbeddingRows(rows, seed, 0, boundOf(options_, spec.rows));
-      table_wise.narrow(0, loc.first_row, spec.rows).copy_(rows);
+    } else if (loc.first_row >= packStart && loc.first_row < packStart + packRows) {
+      at::Tensor rows = table_wise.narrow(0, loc.first_row - packStart, spec.rows);
+      fillEmbeddingRows(rows, seed, 0, bound);
     }
   }
 }
@@ -219,11 +230,24 @@ EmbeddingTablesImpl::~EmbeddingTablesImpl() = default;
 
 std::vector<std::pair<std::string, int>> EmbeddingTablesImpl::splitParameters() const {
   std::vector<std::pair<std::string, int>> out;
+  if (options_.shard_count > 1) return out;  // built sharded: placeShards
   for (size_t t = 0; t < plan_.tables.size(); ++t) {
     if (plan_.tables[t].sharding == TableSharding::kRowWise) out.emplace_back(plan_.tables[t].parameter, 0);
   }
   if (plan_.hasTableWise()) out.emplace_back("table_wise", 0);
   return out;
+}
+
+void EmbeddingTablesImpl::placeShards(Placement& placement, const std::string& prefix) const {
+  const int count = options_.shard_count;
+  if (count <= 1) return;
+  auto place = [&](const std::string& local, int64_t fullRows) {
+    placement.addShard(prefix + local, ShardSpec{GroupKind::kTensor, 0, count, options_.shard_rank, fullRows});
+  };
+  for (size_t t = 0; t < plan_.tables.size(); ++t) {
+    if (plan_.tables[t].sharding == TableSharding::kRowWise) place(plan_.tables[t].parameter, plan_.padded_rows[t]);
+  }
+  if (plan_.hasTableWise()) place("table_wise", plan_.slots * plan_.slot_rows);
 }
 
 int64_t EmbeddingTablesImpl::tableIndex(const std::string& name) const {
@@ -323,6 +347,9 @@ void EmbeddingTablesImpl::checkIds(const std::vector<Request>& requests) const {
 
 std::vector<at::Tensor> EmbeddingTablesImpl::lookups(const std::vector<Request>& requests) {
   if (parallel()) checkEmbeddingTablesTensorParallel(options_, tpSize());
+  PTRAIN_CHECK(options_.shard_count == 1 || (tpSize() == options_.shard_count && tpRank() == options_.shard_rank),
+               "embedding tables built for tensor-parallel rank ", options_.shard_rank, " of ", options_.shard_count,
+               " run as rank ", tpRank(), " of ", tpSize());
   checkIds(requests);
   std::vector<at::Tensor> parts;
   parts.reserve(requests.size());

@@ -30,6 +30,14 @@
 // size (and a rank that builds only its rows) starts from the same tables.
 // Padding rows are zero and are never looked up.
 //
+// Huge tables: with shard_count > 1 the module builds only the rows that
+// tensor-parallel rank shard_rank of shard_count holds (the same values the
+// tensor plugin would slice out of the full build), so no rank ever holds a
+// whole table. It then declares no split to the tensor plugin; the model
+// records the splits itself with placeShards() (in its setTensorParallel,
+// which the plugin calls after the layers), and checkpoints see the same full
+// shapes as before.
+//
 // Ids: table t's ids are in [0, rows_t); -1 means "no id" (a history's
 // padding) and reads a zero vector with no gradient.
 //
@@ -54,6 +62,10 @@
 
 #include "ptrain/core/error.h"
 #include "ptrain/nn/parallel_layers.h"
+
+namespace ptrain {
+class Placement;
+}
 
 namespace ptrain::nn {
 
@@ -80,6 +92,10 @@ struct PTRAIN_API EmbeddingTablesOptions {
   int64_t row_multiple = 1;
   uint64_t seed = 0;        // the model's seed
   double init_bound = 0;    // > 0: uniform in [-init_bound, init_bound]; 0: sqrt(1 / rows)
+  // Build only tensor-parallel rank shard_rank's rows of shard_count (above);
+  // 1: build every table whole.
+  int shard_rank = 0;
+  int shard_count = 1;
 };
 
 // Where a table lives: its parameter (local name in the module), the first
@@ -154,8 +170,14 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   std::vector<at::Tensor> lookups(const std::vector<Request>& requests);
 
   ParallelStyle parallelStyle() const override { return ParallelStyle::kVocab; }
-  // Every row-wise table and the table-wise pack, along dimension 0.
+  // Every row-wise table and the table-wise pack, along dimension 0; none
+  // when the module was built sharded (shard_count > 1).
   std::vector<std::pair<std::string, int>> splitParameters() const override;
+  // Built sharded: records the split of every row-wise table and the pack
+  // (tensor axis, dimension 0, full rows) under `prefix` (the module's name
+  // in the model, e.g. "embeddings."). Does nothing otherwise (the tensor
+  // plugin records them as it slices).
+  void placeShards(Placement& placement, const std::string& prefix) const;
 
   const EmbeddingTablesOptions& options() const { return options_; }
   const EmbeddingShardingPlan& plan() const { return plan_; }
