@@ -3,10 +3,33 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 namespace ptrain::detail {
 
-at::Tensor touchedRows(const at::Tensor& grad) { return grad.ne(0).any(1).nonzero().squeeze(1); }
+at::Tensor touchedRows(const at::Tensor& grad) {
+  if (!(grad.is_cpu() && grad.scalar_type() == at::kFloat && grad.is_contiguous() && grad.dim() == 2)) {
+    return grad.ne(0).any(1).nonzero().squeeze(1);
+  }
+  // The host's float32 tables: one pass over the gradient with no temporary
+  // of its size (the generic expression above makes two), the rows in order.
+  const int64_t rows = grad.size(0), dim = grad.size(1);
+  const float* g = grad.data_ptr<float>();
+  std::vector<uint8_t> touched(static_cast<size_t>(rows));
+  at::parallel_for(0, rows, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = g + r * dim;
+      bool any = false;
+      for (int64_t c = 0; c < dim; ++c) any |= row[c] != 0.0f;  // NaN counts, as ne(0) does
+      touched[static_cast<size_t>(r)] = any;
+    }
+  });
+  std::vector<int64_t> index;
+  for (int64_t r = 0; r < rows; ++r)
+    if (touched[static_cast<size_t>(r)]) index.push_back(r);
+  return torch::tensor(index, torch::kInt64);
+}
 
 void rowwiseAdagradRows(at::Tensor& param, const at::Tensor& grad, at::Tensor& rowSum, double lr, double eps,
                         double weightDecay, double gradScale) {
