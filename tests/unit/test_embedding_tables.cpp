@@ -19,7 +19,8 @@
 //     norm, the engine's checkpoint gather and load): tp 2 x dp 2 for 6 steps,
 //     saved, resumed at tp 4 and at one rank for 4 more, every loss within
 //     1e-5 of the uninterrupted single-rank run, and the final tables too
-//     (also with the tp 4 model built shard by shard);
+//     (also with the tp 4 model built shard by shard), and reshardParameters
+//     from tp 2 x dp 2 into tp 4 in memory;
 //   - bad settings refused with ConfigError.
 #include <gtest/gtest.h>
 
@@ -28,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "ptrain/comm/backend.h"
 #include "ptrain/comm/communicator.h"
@@ -38,6 +40,7 @@
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/engine/parameter_seed.h"
+#include "ptrain/engine/reshard.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/engine/safetensors.h"
 #include "ptrain/nn/embedding_tables.h"
@@ -650,16 +653,18 @@ ptrain::RuntimeOptions recOptions(const ptrain::ParallelLayout& layout) {
   return r;
 }
 
-// `shardBuilt`: the model builds only this rank's rows.
-std::unique_ptr<ptrain::ModelRuntime> recRuntime(ptrain::Communicator& comm, bool shardBuilt = false) {
+// On `layout` (default: the communicator's); `shardBuilt`: the model builds
+// only this rank's rows.
+std::unique_ptr<ptrain::ModelRuntime> recRuntime(ptrain::Communicator& comm, bool shardBuilt = false,
+                                                 std::optional<ptrain::ParallelLayout> layout = std::nullopt) {
+  const ptrain::ParallelLayout on = layout.value_or(comm.layout());
   auto o = testOptions();
   if (shardBuilt) {
-    o.shard_count = comm.layout().tp();
-    o.shard_rank = comm.layout().indexIn(ptrain::GroupKind::kTensor, comm.rank());
+    o.shard_count = on.tp();
+    o.shard_rank = on.indexIn(ptrain::GroupKind::kTensor, comm.rank());
   }
   return std::make_unique<ptrain::ModelRuntime>(
-      comm, registry(), [o](const ptrain::ModelBuild&) { return std::make_shared<RecModel>(o); },
-      recOptions(comm.layout()));
+      comm, registry(), [o](const ptrain::ModelBuild&) { return std::make_shared<RecModel>(o); }, recOptions(on));
 }
 
 double recStep(ptrain::ModelRuntime& rt, int step) {
@@ -721,6 +726,16 @@ TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterrupt
     if (rank == 0) {
       ptrain::saveSafetensors(params, saved.parameters);
       ptrain::saveSafetensors(state, saved.optimizer);
+    }
+    // In memory into a tp 4 runtime of the same ranks, built shard by shard.
+    ptrain::LayoutSizes tp4;
+    tp4.world = size;
+    tp4.tp = 4;
+    auto other = recRuntime(*comm, true, ptrain::ParallelLayout(tp4));
+    ptrain::reshardParameters(*rt, *other);
+    auto moved = toMap(other->gatherForCheckpoint().parameters);
+    for (const auto& [name, t] : saved.parameters) {
+      EXPECT_TRUE(torch::equal(moved.at(name), t)) << name << " resharded into tp 4";
     }
   });
   ASSERT_EQ(failures, "");
