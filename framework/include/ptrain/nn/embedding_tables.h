@@ -19,7 +19,7 @@
 // and reshard between tp sizes with the engine's own mechanism:
 //   "<prefix>row_wise.<table>"  [rows (padded to row_multiple), dim]
 //   "<prefix>table_wise"        [slots * slot_rows, dim], every table-wise
-//                               table at its location()'s rows
+//                               table at plan().tables[t].first_row
 // Which kind a table gets, its slot and its rows in the pack depend on the
 // options only, never on tp, so the parameter names and full shapes are the
 // same at every tp size. With tp = 1 every table is whole and local.
