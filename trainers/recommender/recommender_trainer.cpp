@@ -1,0 +1,473 @@
+#include "recommender_trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "ptrain/comm/process_group.h"
+#include "ptrain/core/logging.h"
+#include "ptrain/core/resources.h"
+#include "ptrain/datasets/auc.h"
+#include "ptrain/engine/engine.h"
+#include "ptrain/engine/moe_settings.h"
+#include "ptrain/pipeline/schedule.h"
+#include "ptrain/recipe/key_specs.h"
+#include "ptrain/recipe/recipe.h"
+
+namespace ptrain::recommender {
+
+using datasets::ClicksSplit;
+
+namespace {
+
+// Validation samples scored in one forward pass: bounds evaluation's memory
+// whatever data.eval_size is (rounded up to a multiple of tp, which splits
+// the samples around the experts).
+constexpr int64_t kEvalChunk = 1024;
+
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string gigabytes(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string count(double n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", n);
+  return buf;
+}
+
+}  // namespace
+
+RecsysFootprint recsysFootprint(const RecsysConfig& c, int tp, int pp, int ep, const std::string& tableOptimizer,
+                                const std::vector<int64_t>& pipelineLayout) {
+  RecsysFootprint f;
+  const nn::EmbeddingTablesOptions tables = c.tableOptions(0);
+  const nn::EmbeddingShardingPlan plan = nn::EmbeddingShardingPlan::of(tables);
+  int64_t tableValues = 0, tableRows = 0;
+  for (size_t t = 0; t < plan.padded_rows.size(); ++t) {
+    if (plan.tables[t].sharding == nn::TableSharding::kRowWise) tableRows += plan.padded_rows[t];
+  }
+  tableRows += plan.slots * plan.slot_rows;
+  tableValues = tableRows * c.dim;
+  f.table_parameters = tableValues;
+  const int64_t bottom = c.bottomParameters(), attn = c.attentionParameters(), top = c.topParameters();
+  const int64_t block1 = c.expertBlockParameters(), experts = c.expertBlockParameters(true);
+  f.total_parameters = tableValues + bottom + attn + block1 + top;
+
+  // Blocks per stage: the recipe's layout, or what the pipeline plugin's
+  // balanced partition gives.
+  std::vector<int> perStage;
+  if (pp > 1 && !pipelineLayout.empty()) {
+    for (int64_t n : pipelineLayout) perStage.push_back(static_cast<int>(n));
+  } else if (pp > 1) {
+    perStage = pipeline::balancedPartition({attn, block1}, pp);
+  } else {
+    perStage = {2};
+  }
+  auto stageOf = [&](int block) {
+    int first = 0;
+    for (size_t s = 0; s < perStage.size(); ++s) {
+      if (block < first + perStage[s]) return static_cast<int>(s);
+      first += perStage[s];
+    }
+    return pp - 1;
+  };
+  const int64_t tablesPerRank = nn::embeddingParametersPerRank(tables, tp);
+  const int64_t rowsPerRank = tablesPerRank / c.dim;
+  std::vector<int64_t> dense(static_cast<size_t>(pp), 0);
+  dense[0] += bottom;
+  dense[static_cast<size_t>(stageOf(0))] += attn;
+  dense[static_cast<size_t>(stageOf(1))] += block1 - experts + experts / std::max(1, ep);
+  dense[static_cast<size_t>(pp - 1)] += top;
+  // fp32 values and gradients (the tables' gradients are dense [rows, dim]),
+  // AdamW's two moments for the dense parameters, the tables' optimizer state.
+  const double tableState = tableOptimizer == "rowwise_adagrad" ? 4.0 * static_cast<double>(rowsPerRank)
+                                                                : 8.0 * static_cast<double>(tablesPerRank);
+  f.first_stage_parameters = tablesPerRank + dense[0];
+  f.first_stage_bytes = 8.0 * static_cast<double>(tablesPerRank) + tableState + 16.0 * static_cast<double>(dense[0]);
+  if (pp == 1) {
+    f.last_stage_parameters = f.first_stage_parameters;
+    f.last_stage_bytes = f.first_stage_bytes;
+  } else {
+    f.last_stage_parameters = dense.back();
+    f.last_stage_bytes = 16.0 * static_cast<double>(dense.back());
+  }
+  return f;
+}
+
+RecommenderTrainer::RecommenderTrainer(const PluginContext& context) : rank_(context.rank) {}
+
+RecommenderTrainer::~RecommenderTrainer() = default;
+
+void RecommenderTrainer::describeKeys(Schema& schema) const {
+  using T = ValueType;
+  using keys::above;
+  using keys::atLeast;
+  using keys::atMost;
+  using keys::key;
+  using keys::oneOf;
+
+  schema.add(atLeast(key("model.embedding_dim", T::kInt, "16",
+                         "Width of every embedding table and of the bottom MLP's output (the interaction's vectors)."),
+                     1));
+  schema.add(key("model.bottom_mlp", T::kIntList, "[64]",
+                 "Hidden widths of the bottom MLP over the 13 dense features; a last layer to embedding_dim follows."));
+  schema.add(key("model.top_mlp", T::kIntList, "[64, 32]",
+                 "Hidden widths of the top MLP over the experts' output; a last layer to the click logit follows."));
+  schema.add(atLeast(key("model.attention_hidden", T::kInt, "32",
+                         "Hidden width of the target attention's scoring MLP over [history item, target, product]."),
+                     1));
+  schema.add(above(key("model.scale", T::kFloat, "1.0",
+                       "Factor on every table size (data.table_sizes or the default), rounded; a table never shrinks "
+                       "below min(its size, model.min_table_rows). Shrinks a large recipe to fit a small machine."),
+                   0));
+  schema.add(atLeast(key("model.min_table_rows", T::kInt, "1000", "Fewest rows model.scale leaves a table."), 1));
+  schema.add(atLeast(key("model.row_wise_threshold", T::kInt, "20000",
+                         "Tables with at least this many rows are split row-wise over the tensor ranks; smaller ones "
+                         "live whole on one rank (table-wise). 0: every table row-wise."),
+                     0));
+  schema.add(atLeast(key("model.table_wise_slots", T::kInt, "8",
+                         "Slots the table-wise tables are packed into; tensor_model_parallel_size must divide it."),
+                     1));
+  schema.add(atLeast(key("model.row_multiple", T::kInt, "8",
+                         "Row-wise tables are padded to a multiple of this (fixed, so checkpoints reshard); "
+                         "tensor_model_parallel_size must divide the padded rows."),
+                     1));
+  schema.add(oneOf(key("model.embedding_optimizer", T::kString, "rowwise_adagrad",
+                       "Optimizer of the tables' rows (only rows a step touched are updated): rowwise_adagrad, "
+                       "sparse_adam, or none (the tables join optimizer.name's dense update)."),
+                   {"rowwise_adagrad", "sparse_adam", "none"}));
+  schema.add(atLeast(key("model.embedding_lr", T::kFloat, "0",
+                         "Peak learning rate of the tables' sparse optimizer (the schedule scales it like "
+                         "optimizer.lr); 0: optimizer.lr."),
+                     0));
+  schema.add(atLeast(key("model.embedding_weight_decay", T::kFloat, "0",
+                         "Weight decay of the touched table rows (L2 for rowwise_adagrad, decoupled for sparse_adam)."),
+                     0));
+
+  schema.add(key("data.table_sizes", T::kIntList, "",
+                 "Rows of the 26 categorical features' tables (user, item, category, interest, then 22 more); not "
+                 "set: the clicks data set's defaults (about 4.2e5 rows in all)."));
+  schema.add(atMost(atLeast(key("data.history_length", T::kInt, "8", "Item history slots per sample."), 1), 1024));
+  schema.add(atLeast(key("data.min_history", T::kInt, "1", "Fewest valid history items per sample."), 0));
+  schema.add(atMost(above(key("data.zipf_exponent", T::kFloat, "1.1", "Zipf exponent of every feature's ids."), 0),
+                    10));
+  schema.add(atMost(atLeast(key("data.logit_std", T::kFloat, "1.2",
+                                "Standard deviation of the hidden model's logit: higher, an easier problem and a "
+                                "higher best AUC."),
+                            0),
+                    20));
+  schema.add(atMost(above(key("data.click_rate", T::kFloat, "0.25", "Mean click probability."), 0), 1));
+  schema.add(atLeast(key("data.world_seed", T::kInt, std::to_string(datasets::kClicksWorldSeed),
+                         "Seed of the hidden ground-truth model (the same for training and validation)."),
+                     0));
+  schema.add(atLeast(key("data.eval_size", T::kInt, "20000",
+                         "Validation samples scored (AUC, logloss), split across data-parallel ranks; the ground "
+                         "truth's best AUC is computed on the same samples."),
+                     0));
+}
+
+void RecommenderTrainer::setup(const Recipe& recipe) {
+  if (recipe.has("data.name")) {
+    const std::string name = recipe.getString("data.name");
+    if (!name.empty() && name != "clicks") {
+      recipe.fail("data.name", "'" + name + "' is not a dataset of the recommender trainer; use clicks");
+    }
+  }
+  // Keys of the transformer trainers that this model would otherwise ignore.
+  for (const char* unused : {"model.num_attention_heads", "model.seq_length", "model.num_layers"}) {
+    if (recipe.has(unused)) {
+      recipe.fail(unused, "the recommender's model has no such setting (two blocks: attention, experts); remove it");
+    }
+  }
+  if (recipe.isExplicit("model.moe_layer_freq")) {
+    recipe.fail("model.moe_layer_freq", "the recommender has one MoE layer (block 1); remove it");
+  }
+
+  datasets::ClicksOptions data;
+  std::vector<int64_t> sizes =
+      recipe.has("data.table_sizes") ? recipe.getIntList("data.table_sizes") : datasets::clicksDefaultTableSizes();
+  if (static_cast<int64_t>(sizes.size()) != kSparseFeatures) {
+    recipe.fail("data.table_sizes", "has " + std::to_string(sizes.size()) + " entries; give one per categorical "
+                                    "feature, 26");
+  }
+  for (int64_t s : sizes) {
+    if (s < 1) recipe.fail("data.table_sizes", "a table of " + std::to_string(s) + " rows; every table needs >= 1");
+  }
+  const double scale = recipe.getFloat("model.scale");
+  if (scale != 1.0) sizes = datasets::scaleTableSizes(sizes, scale, recipe.getInt("model.min_table_rows"));
+  data.table_sizes = sizes;
+  data.history_length = recipe.getInt("data.history_length");
+  data.min_history = recipe.getInt("data.min_history");
+  data.zipf_exponent = recipe.getFloat("data.zipf_exponent");
+  data.logit_std = recipe.getFloat("data.logit_std");
+  data.click_rate = recipe.getFloat("data.click_rate");
+  data.world_seed = static_cast<uint64_t>(recipe.getInt("data.world_seed"));
+  data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
+  const int64_t evalSize = recipe.getInt("data.eval_size");
+  data.validation_size = std::max<int64_t>(1, evalSize);
+  if (auto problem = datasets::checkClicksOptions(data)) recipe.fail("data", *problem);
+
+  RecsysConfig c;
+  c.table_sizes = sizes;
+  c.dim = recipe.getInt("model.embedding_dim");
+  c.bottom_mlp = recipe.getIntList("model.bottom_mlp");
+  c.top_mlp = recipe.getIntList("model.top_mlp");
+  for (const char* k : {"model.bottom_mlp", "model.top_mlp"}) {
+    for (int64_t w : recipe.getIntList(k)) {
+      if (w < 1) recipe.fail(k, "a layer of width " + std::to_string(w) + "; every width must be >= 1");
+    }
+  }
+  c.attention_hidden = recipe.getInt("model.attention_hidden");
+  c.hidden = recipe.has("model.hidden_size") ? recipe.getInt("model.hidden_size") : 64;
+  const int64_t ffn = recipe.getInt("model.ffn_hidden_size");
+  c.ffn = ffn > 0 ? ffn : 2 * c.hidden;
+  c.history_length = data.history_length;
+  c.item_feature = data.item_feature;
+  c.category_feature = data.category_feature;
+  c.interest_feature = data.interest_feature;
+  c.row_wise_threshold = recipe.getInt("model.row_wise_threshold");
+  c.table_wise_slots = recipe.getInt("model.table_wise_slots");
+  c.row_multiple = recipe.getInt("model.row_multiple");
+  const MoeSettings moe = MoeSettings::fromRecipe(recipe);
+  c.num_experts = moe.num_experts;
+  c.moe = moe.routing;
+
+  const int tp = static_cast<int>(recipe.getInt("parallel.tensor_model_parallel_size"));
+  const int pp = static_cast<int>(recipe.getInt("parallel.pipeline_model_parallel_size"));
+  const int ep = static_cast<int>(recipe.getInt("parallel.expert_model_parallel_size"));
+  try {
+    nn::checkEmbeddingTablesTensorParallel(c.tableOptions(0), tp);
+  } catch (const ConfigError& e) {
+    recipe.fail("model.row_multiple", e.what());
+  }
+  if (c.num_experts > 0 && tp > 1) {
+    // The samples of a micro-batch are split over the tensor ranks around
+    // the experts.
+    const int64_t world = recipe.getInt("launch.nproc");
+    const int64_t dp = std::max<int64_t>(1, world / std::max(1, tp * pp));
+    const int64_t rows = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size")
+                                                               : recipe.getInt("train.global_batch_size") / dp;
+    if (rows % tp != 0) {
+      recipe.fail(recipe.has("train.micro_batch_size") ? "train.micro_batch_size" : "train.global_batch_size",
+                  "micro-batches of " + std::to_string(rows) + " samples, which tensor_model_parallel_size=" +
+                      std::to_string(tp) + " does not divide (the samples are split over the tensor ranks around "
+                      "the experts); use a multiple of " + std::to_string(tp));
+    }
+  }
+
+  const std::string tableOptimizer = recipe.getString("model.embedding_optimizer");
+  std::vector<int64_t> layout;
+  if (recipe.has("parallel.pipeline_layout")) layout = recipe.getIntList("parallel.pipeline_layout");
+  const RecsysFootprint footprint = recsysFootprint(c, tp, pp, ep, tableOptimizer, layout);
+
+  // Only a fully valid recipe replaces what an earlier setup() prepared.
+  dataset_ = std::make_unique<datasets::ClicksDataset>(data);
+  best_.reset();
+  config_ = c;
+  eval_size_ = evalSize;
+  embedding_optimizer_ = tableOptimizer;
+  embedding_lr_ = recipe.getFloat("model.embedding_lr");
+  embedding_weight_decay_ = recipe.getFloat("model.embedding_weight_decay");
+  footprint_ = footprint;
+
+  if (rank_ == 0) {
+    logger()->info("recommender: {} parameters ({} in the tables: {} rows of {}), fp32", count(footprint.total_parameters),
+                   count(footprint.table_parameters), count(footprint.table_parameters / c.dim), c.dim);
+    if (pp == 1) {
+      logger()->info("recommender: per rank at tp={} ep={}: {} parameters, {} with gradients and optimizer state", tp,
+                     ep, count(footprint.first_stage_parameters), gigabytes(footprint.first_stage_bytes));
+    } else {
+      logger()->info("recommender: per rank at tp={} pp={} ep={}: first stage {} parameters, {}; last stage {} "
+                     "parameters, {} (with gradients and optimizer state)",
+                     tp, pp, ep, count(footprint.first_stage_parameters), gigabytes(footprint.first_stage_bytes),
+                     count(footprint.last_stage_parameters), gigabytes(footprint.last_stage_bytes));
+    }
+    logger()->debug("recommender: table sizes [{}]", join(sizes));
+  }
+}
+
+std::shared_ptr<StagedModel> RecommenderTrainer::buildModel(const ModelBuild& build) {
+  PTRAIN_CHECK(dataset_, "recommender trainer: buildModel() before setup()");
+  auto model = std::make_shared<RecsysModel>(config_, build);
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
+  built_.push_back(model);
+  return model;
+}
+
+Batch RecommenderTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
+  PTRAIN_CHECK(dataset_, "recommender trainer: globalBatch() before setup()");
+  return dataset_->batch(ClicksSplit::kTrain, step * globalBatchSize, globalBatchSize);
+}
+
+double RecommenderTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.size()); }
+
+const datasets::ClicksBestScores& RecommenderTrainer::bestScores() {
+  PTRAIN_CHECK(dataset_, "recommender trainer: bestScores() before setup()");
+  if (!best_) best_ = dataset_->bestValidationScores();
+  return *best_;
+}
+
+RecsysModel& RecommenderTrainer::ownModel(StagedModel& model) {
+  for (const auto& w : built_) {
+    if (auto p = w.lock(); p && p.get() == &model) return *p;
+  }
+  throw InternalError("recommender trainer: evaluate() got a model that this trainer's buildModel() did not create");
+}
+
+std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+  PTRAIN_CHECK(dataset_, "recommender trainer: evaluate() before setup()");
+  PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "recommender trainer: eval shard ",
+               ctx.shard, " of ", ctx.num_shards);
+  RecsysModel& net = ownModel(model);
+  torch::NoGradGuard noGrad;
+  if (eval_size_ == 0) return {};
+
+  const int64_t n = eval_size_;
+  const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
+  const int64_t tp = net.tpSize();
+  // The same on every rank (the largest shard's, at most kEvalChunk),
+  // rounded up to a multiple of tp.
+  const int64_t largest = (n + ctx.num_shards - 1) / ctx.num_shards;
+  const int64_t chunk = (std::min(kEvalChunk, largest) + tp - 1) / tp * tp;
+  // Under expert parallelism the ranks exchange samples in every forward
+  // pass: a rank out of samples runs the first chunk again, uncounted.
+  int64_t chunks = (end - begin + chunk - 1) / chunk;
+  if (model.forward_sync) {
+    at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
+    AllreduceOptions opts;
+    opts.op = ReduceOp::kMax;
+    model.forward_sync->allreduce(most, opts)->wait();
+    chunks = static_cast<int64_t>(most.item<double>());
+  }
+  // Row 0: probabilities, row 1: labels, each sample in its place; one sum
+  // over the data-parallel ranks gives every rank all of them.
+  at::Tensor scored = torch::zeros({2, n}, torch::TensorOptions(torch::kFloat64).device(ctx.device));
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t first = begin + k * chunk;
+    const bool real = first < end;
+    // Always a whole chunk (tp divides it); rows past `end` are not counted.
+    Batch batch = dataset_->batch(ClicksSplit::kValidation, real ? first : 0, chunk).to(ctx.device);
+    at::Tensor hidden = model.forwardHidden(batch);
+    at::Tensor probs;
+    if (model.holdsHead()) {
+      probs = torch::sigmoid(net.logits(hidden)).to(torch::kFloat64);
+    } else {
+      probs = torch::zeros({chunk}, torch::TensorOptions(torch::kFloat64).device(ctx.device));
+    }
+    model.shareFromHead(probs);
+    if (!real) continue;
+    const int64_t used = std::min(chunk, end - first);
+    scored[0].narrow(0, first, used).copy_(probs.narrow(0, 0, used));
+    scored[1].narrow(0, first, used).copy_(batch.at("labels").narrow(0, 0, used).to(torch::kFloat64));
+  }
+  if (ctx.all_reduce_sum) ctx.all_reduce_sum(scored);
+  scored = scored.cpu().contiguous();
+  const double* p = scored.data_ptr<double>();
+  const double* y = p + n;
+
+  std::map<std::string, double> out;
+  out["eval_logloss"] = datasets::logLoss(p, y, n);
+  try {
+    out["eval_auc"] = datasets::rocAuc(p, y, n);
+  } catch (const std::invalid_argument&) {
+    // One class only in a tiny evaluation set: AUC is not defined.
+  }
+  const datasets::ClicksBestScores& best = bestScores();
+  out["best_auc"] = best.auc;
+  out["best_logloss"] = best.logloss;
+  return out;
+}
+
+TrainSummary RecommenderTrainer::train(TrainingSession& session) {
+  const Recipe& recipe = session.recipe();
+  const bool rankZero = session.isRankZero();
+  RuntimeOptions options = session.runtimeOptions();
+  if (embedding_optimizer_ != "none" && options.optimizer) {
+    options.optimizer->sparse_name = embedding_optimizer_;
+    options.optimizer->sparse_prefixes = {"embed.tables."};
+    options.optimizer->sparse_lr = embedding_lr_;
+    options.optimizer->sparse_weight_decay = embedding_weight_decay_;
+  }
+  std::unique_ptr<ModelRuntime> runtime = session.makeRuntime(options);
+  if (rankZero) logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
+
+  const int64_t steps = recipe.getInt("train.steps");
+  const int64_t globalSize = recipe.getInt("train.global_batch_size");
+  const int64_t micro = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : 0;
+  const int64_t evalEvery = recipe.getInt("train.eval_every");
+  const int64_t logEvery = recipe.getInt("train.log_every");
+  const int64_t ckptEvery = recipe.getInt("checkpoint.every");
+
+  int64_t step = 0;
+  if (session.resuming()) {
+    step = session.restoreLatest({runtime.get()});
+    if (rankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
+  }
+
+  TrainSummary summary;
+  double samplesTotal = 0, timeTotal = 0;
+  while (step < steps) {
+    const auto start = Clock::now();
+    Batch batch = globalBatch(step, globalSize);
+    StepInput input;
+    input.step = step;
+    input.micro_batches = runtime->microBatches(batch, micro);
+    input.loss_divisor = lossCount(batch);
+    StepResult result = runtime->step(input);
+    ++step;
+    const double seconds = secondsSince(start);
+    const double samples = tokensIn(batch);
+    samplesTotal += samples;
+    timeTotal += seconds;
+    summary.final_loss = result.loss;
+
+    nlohmann::json line{{"step", step},
+                        {"loss", result.loss},
+                        {"lr", result.lr},
+                        {"grad_norm", result.grad_norm},
+                        {"tokens_per_s", samples / seconds},
+                        {"samples_per_s", samples / seconds},
+                        {"step_time_s", seconds},
+                        {"peak_rss_mb", peakRssMb()},
+                        {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
+    if (!result.applied) line["skipped"] = true;
+    for (const auto& [k, v] : result.stats) line[k] = v;
+    session.writeMetrics(line);
+    if (rankZero && (step % logEvery == 0 || step == steps)) {
+      logger()->info("step {}/{}  loss {:.4f}  {:.0f} samples/s", step, steps, result.loss, samples / seconds);
+    }
+
+    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) {
+      runtime->inference([&](StagedModel& model, const EvalContext& ctx) { summary.eval = evaluate(model, ctx); });
+      nlohmann::json evalLine{{"step", step}};
+      for (const auto& [k, v] : summary.eval) evalLine[k] = v;
+      session.writeMetrics(evalLine);
+      if (rankZero) {
+        auto get = [&](const char* k) { return summary.eval.count(k) ? summary.eval.at(k) : 0.0; };
+        logger()->info("step {}: eval_auc {:.4f} (best {:.4f})  eval_logloss {:.4f} (best {:.4f})", step,
+                       get("eval_auc"), get("best_auc"), get("eval_logloss"), get("best_logloss"));
+      }
+    }
+    if ((ckptEvery > 0 && step % ckptEvery == 0) || (step == steps && recipe.getBool("checkpoint.save_final"))) {
+      session.saveCheckpoint(step, {runtime.get()});
+    }
+  }
+  summary.steps = step;
+  summary.tokens_per_s = timeTotal > 0 ? samplesTotal / timeTotal : 0;
+  return summary;
+}
+
+}  // namespace ptrain::recommender

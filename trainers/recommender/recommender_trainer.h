@@ -1,0 +1,95 @@
+// RecommenderTrainer: the `recommender` trainer plugin. A DLRM-style click
+// model with target attention and experts (recsys_model.h) learns the
+// synthetic click logs of ptrain/datasets/clicks.h, whose hidden ground-truth
+// model gives the best AUC attainable; evaluation reports the model's AUC and
+// logloss on the validation set beside that best.
+//
+// Keys it reads (docs/trainers/recommender.md): model.embedding_dim,
+// model.bottom_mlp, model.top_mlp, model.attention_hidden, model.hidden_size
+// (the experts' token width), model.ffn_hidden_size (each expert's width;
+// 0: 2 * hidden_size), model.num_experts and the model.moe_* routing keys,
+// model.scale and model.min_table_rows (the tables' sizes scaled),
+// model.row_wise_threshold, model.table_wise_slots, model.row_multiple (the
+// tables' sharding), model.embedding_optimizer, model.embedding_lr,
+// model.embedding_weight_decay (the tables' sparse optimizer); data.table_sizes,
+// data.history_length, data.min_history, data.zipf_exponent, data.logit_std,
+// data.click_rate, data.world_seed, data.eval_size; train.seed seeds the
+// training samples.
+//
+// Thread-safety: one thread at a time, like every trainer.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ptrain/datasets/clicks.h"
+#include "ptrain/engine/trainer.h"
+#include "recsys_model.h"
+
+namespace ptrain::recommender {
+
+// What one rank of a layout holds, for `ptrain check` and the logs.
+struct RecsysFootprint {
+  int64_t total_parameters = 0;      // the whole model
+  int64_t table_parameters = 0;      // the tables, padding included
+  int64_t first_stage_parameters = 0;  // per rank of the stage holding the tables
+  int64_t last_stage_parameters = 0;   // per rank of the stage holding the head (== first when pp = 1)
+  double first_stage_bytes = 0;      // parameters, gradients, optimizer state
+  double last_stage_bytes = 0;
+};
+
+class RecommenderTrainer : public Trainer {
+ public:
+  explicit RecommenderTrainer(const PluginContext& context);
+  ~RecommenderTrainer() override;
+
+  void describeKeys(Schema& schema) const override;
+  // Throws ConfigError (via recipe.fail, naming the key) for another data set,
+  // keys of the transformer trainers, sizes that cannot work, and layouts the
+  // model cannot take (tables tp does not split, a micro-batch tp does not
+  // divide under experts). Logs the parameters and bytes per rank (rank 0).
+  void setup(const Recipe& recipe) override;
+  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
+  // Training samples step * size .. step * size + size - 1 (ClicksDataset::batch).
+  Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  double tokensIn(const Batch& batch) const override;  // samples
+  // eval_auc and eval_logloss of the click probabilities on validation
+  // samples 0..eval_size-1 (every data-parallel shard's probabilities summed
+  // into one tensor, so every rank scores all of them exactly), eval_loss (the
+  // mean BCE), and best_auc / best_logloss: the hidden model's on the same samples.
+  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
+  // The engine's loop over one runtime, with the tables' sparse optimizer
+  // (model.embedding_optimizer) set on its options.
+  TrainSummary train(TrainingSession& session) override;
+
+  const RecsysConfig& modelConfig() const { return config_; }
+  const datasets::ClicksDataset& dataset() const { return *dataset_; }
+  const RecsysFootprint& footprint() const { return footprint_; }
+  const datasets::ClicksBestScores& bestScores();
+
+ private:
+  RecsysModel& ownModel(StagedModel& model);
+
+  int rank_ = 0;
+  RecsysConfig config_;
+  std::unique_ptr<datasets::ClicksDataset> dataset_;
+  std::optional<datasets::ClicksBestScores> best_;
+  int64_t eval_size_ = 0;
+  std::string embedding_optimizer_ = "rowwise_adagrad";
+  double embedding_lr_ = 0;
+  double embedding_weight_decay_ = 0;
+  RecsysFootprint footprint_;
+  std::vector<std::weak_ptr<RecsysModel>> built_;
+};
+
+// The footprint of `config` at tp x pp x ep (etp 1), fp32 parameters and
+// gradients, AdamW's two moments for the dense parameters and, for the
+// tables, the sparse optimizer's state ("rowwise_adagrad": a float per row;
+// "sparse_adam" or "none": two per value).
+RecsysFootprint recsysFootprint(const RecsysConfig& config, int tp, int pp, int ep, const std::string& tableOptimizer,
+                                const std::vector<int64_t>& pipelineLayout);
+
+}  // namespace ptrain::recommender
