@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include "ptrain/comm/process_group.h"
@@ -26,9 +25,6 @@ namespace {
 // whatever data.eval_size is (rounded up to a multiple of tp, which splits
 // the samples around the experts).
 constexpr int64_t kEvalChunk = 1024;
-
-using Clock = std::chrono::steady_clock;
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
@@ -392,8 +388,6 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
 }
 
 TrainSummary RecommenderTrainer::train(TrainingSession& session) {
-  const Recipe& recipe = session.recipe();
-  const bool rankZero = session.isRankZero();
   RuntimeOptions options = session.runtimeOptions();
   if (embedding_optimizer_ != "none" && options.optimizer) {
     options.optimizer->sparse_name = embedding_optimizer_;
@@ -401,73 +395,8 @@ TrainSummary RecommenderTrainer::train(TrainingSession& session) {
     options.optimizer->sparse_lr = embedding_lr_;
     options.optimizer->sparse_weight_decay = embedding_weight_decay_;
   }
-  std::unique_ptr<ModelRuntime> runtime = session.makeRuntime(options);
-  if (rankZero) logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
-
-  const int64_t steps = recipe.getInt("train.steps");
-  const int64_t globalSize = recipe.getInt("train.global_batch_size");
-  const int64_t micro = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : 0;
-  const int64_t evalEvery = recipe.getInt("train.eval_every");
-  const int64_t logEvery = recipe.getInt("train.log_every");
-  const int64_t ckptEvery = recipe.getInt("checkpoint.every");
-
-  int64_t step = 0;
-  if (session.resuming()) {
-    step = session.restoreLatest({runtime.get()});
-    if (rankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
-  }
-
-  TrainSummary summary;
-  double samplesTotal = 0, timeTotal = 0;
-  while (step < steps) {
-    const auto start = Clock::now();
-    Batch batch = globalBatch(step, globalSize);
-    StepInput input;
-    input.step = step;
-    input.micro_batches = runtime->microBatches(batch, micro);
-    input.loss_divisor = lossCount(batch);
-    StepResult result = runtime->step(input);
-    ++step;
-    const double seconds = secondsSince(start);
-    const double samples = tokensIn(batch);
-    samplesTotal += samples;
-    timeTotal += seconds;
-    summary.final_loss = result.loss;
-
-    nlohmann::json line{{"step", step},
-                        {"loss", result.loss},
-                        {"lr", result.lr},
-                        {"grad_norm", result.grad_norm},
-                        {"tokens_per_s", samples / seconds},
-                        {"samples_per_s", samples / seconds},
-                        {"step_time_s", seconds},
-                        {"peak_rss_mb", peakRssMb()},
-                        {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
-    if (!result.applied) line["skipped"] = true;
-    for (const auto& [k, v] : result.stats) line[k] = v;
-    session.writeMetrics(line);
-    if (rankZero && (step % logEvery == 0 || step == steps)) {
-      logger()->info("step {}/{}  loss {:.4f}  {:.0f} samples/s", step, steps, result.loss, samples / seconds);
-    }
-
-    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) {
-      runtime->inference([&](StagedModel& model, const EvalContext& ctx) { summary.eval = evaluate(model, ctx); });
-      nlohmann::json evalLine{{"step", step}};
-      for (const auto& [k, v] : summary.eval) evalLine[k] = v;
-      session.writeMetrics(evalLine);
-      if (rankZero) {
-        auto get = [&](const char* k) { return summary.eval.count(k) ? summary.eval.at(k) : 0.0; };
-        logger()->info("step {}: eval_auc {:.4f} (best {:.4f})  eval_logloss {:.4f} (best {:.4f})", step,
-                       get("eval_auc"), get("best_auc"), get("eval_logloss"), get("best_logloss"));
-      }
-    }
-    if ((ckptEvery > 0 && step % ckptEvery == 0) || (step == steps && recipe.getBool("checkpoint.save_final"))) {
-      session.saveCheckpoint(step, {runtime.get()});
-    }
-  }
-  summary.steps = step;
-  summary.tokens_per_s = timeTotal > 0 ? samplesTotal / timeTotal : 0;
-  return summary;
+  if (session.isRankZero()) logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
+  return defaultTrainingLoop(session, *this, options);
 }
 
 }  // namespace ptrain::recommender

@@ -125,11 +125,15 @@ int64_t TrainingSession::loadWeightsFrom(const std::string& runDir, const std::v
 }
 
 TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
+  return defaultTrainingLoop(session, trainer, session.runtimeOptions());
+}
+
+TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, const RuntimeOptions& options) {
   const Recipe& recipe = session.recipe();
   const auto wallStart = Clock::now();
   const bool isRankZero = session.isRankZero();
 
-  std::unique_ptr<ModelRuntime> runtime = session.makeRuntime(session.runtimeOptions());
+  std::unique_ptr<ModelRuntime> runtime = session.makeRuntime(options);
 
   const int64_t steps = recipe.getInt("train.steps");
   const int64_t globalBatch = recipe.getInt("train.global_batch_size");

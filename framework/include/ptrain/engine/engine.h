@@ -117,6 +117,9 @@ class PTRAIN_API TrainingSession {
 
 // The engine's training loop over one runtime (Trainer::train's default).
 PTRAIN_API TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer);
+// The same loop over a runtime made with `options` (session.runtimeOptions()
+// changed by the trainer, e.g. a sparse optimizer for its tables).
+PTRAIN_API TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, const RuntimeOptions& options);
 
 // Trains on this rank. Collective: every rank of the job runs it together.
 PTRAIN_API TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOptions& options);
