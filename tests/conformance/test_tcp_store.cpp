@@ -2,6 +2,13 @@
 // processes, prefixes, and timeouts that name what was missing.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "ptrain/comm/store.h"
 #include "support/test_support.h"
 

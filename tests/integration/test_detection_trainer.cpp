@@ -131,6 +131,7 @@ double relDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 // focal and L1 losses over the global batch) trains the one-rank model at
 // tp 2 x dp 2 and at pp 2: 1e-5 at step 1, 1e-4 over 20 steps.
 TEST(DetectionTrainer, ParallelLayoutsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string recipe = tmp.write("exact.yaml", kExactRecipe);
   auto run = [&](const std::string& name, const std::string& nproc, std::vector<std::string> extra) {

@@ -50,6 +50,7 @@ std::map<int, nlohmann::json> steps(const std::string& runDir) {
 }
 
 TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kRecipe);
   const std::string first = tmp.path() + "/ep2";
@@ -98,6 +99,7 @@ nlohmann::json lastEval(const std::string& runDir) {
 }
 
 TEST(ExpertParallelConfigs, GptMoeEp2ReachesTheQuickstartAccuracy) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
   auto r = runPtrain({"run", ptrain::test::sourceDir() + "/configs/llm/gpt_moe_ep2.yaml", "--run-dir", dir,

@@ -50,6 +50,7 @@ std::vector<nlohmann::json> jsonLines(const std::string& path) {
 }
 
 TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string sft = tmp.path() + "/sft";
   std::vector<std::string> sftArgs{"run", config("arith_sft.yaml"), "--run-dir", sft, "--nproc", "1",

@@ -56,6 +56,7 @@ TEST(MemoryLevers, OffloadRecipeTrainsTheQuickstartsCurveBitForBit) {
 }
 
 TEST(MemoryLevers, DistributedOptimizerTrainsTheQuickstartsCurveAndResumesAtAnyDp) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   // Without dropout: its masks depend on how the batch is split over ranks.
   std::vector<std::string> run = kShortRun;

@@ -59,6 +59,7 @@ std::map<std::string, std::string> listedPlugins(const std::string& output) {
 }  // namespace
 
 TEST(OutOfTreePlugin, BuildsStandaloneLoadsAndTrains) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string build = tmp.path() + "/build";
   ASSERT_NO_FATAL_FAILURE(buildExample(build, {"-DPTRAIN_BUILD_DIR=" + ptrain::test::binaryDir()}));

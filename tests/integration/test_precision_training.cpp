@@ -31,6 +31,7 @@ class PrecisionConfig : public ::testing::TestWithParam<std::string> {};
 // so the first steps overflow and are skipped) reaches what it reaches in
 // fp32: exact match >= 0.9.
 TEST_P(PrecisionConfig, ReachesTheFp32Accuracy) {
+  PTRAIN_LONG_TEST();
   const std::string precision = GetParam();
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";

@@ -59,6 +59,7 @@ double relDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 }  // namespace
 
 TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string recipe = tmp.write("learn.yaml", kLearnRecipe);
   const std::string dir = tmp.path() + "/dp2";
@@ -103,6 +104,7 @@ checkpoint: {every: 0}
 // MLP), experts over ep with the samples split over tp around them: the
 // one-rank losses within 1e-5 at step 1 and 1e-4 over 20 steps.
 TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string recipe = tmp.write("exact.yaml", kExactRecipe);
   auto run = [&](const std::string& name, const std::string& nproc, std::vector<std::string> extra) {

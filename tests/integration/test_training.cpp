@@ -122,6 +122,7 @@ TEST(Training, ResumeContinuesBitForBit) {
 // the same loss curve, bit for bit (dropout on, so the replayed random
 // streams matter).
 TEST(Training, RecomputeRecipeTrainsTheQuickstartsCurve) {
+  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string configs = ptrain::test::sourceDir() + "/configs/";
   const std::vector<std::string> shortRun = {"train.steps=30", "train.eval_every=0", "model.dropout=0.1",

@@ -219,6 +219,11 @@ std::string runRanks(int worldSize, const std::function<void(int, int, int)>& bo
   return failures.str();
 }
 
+bool longTestsSkipped() {
+  const char* scope = std::getenv("PTRAIN_TESTS");
+  return scope != nullptr && std::string(scope) == "short";
+}
+
 double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 std::map<int, std::string> readTrainingSteps(const std::string& runDir) {

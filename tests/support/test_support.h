@@ -79,4 +79,16 @@ std::string trimNewlines(std::string text);
 // newlines trimmed; a gtest failure (and "") when the markers are missing.
 std::string markedSection(const std::string& path, const std::string& name);
 
+// Long tests: a recipe trained to its accuracy, an exactness sweep over many
+// layouts on up to 8 ranks. Every `make test` runs them. CI builds the tree a
+// second time against PyTorch 2.x from PyPI (.ci/run) and runs that suite with
+// PTRAIN_TESTS=short, which skips them there: the same code paths run in the
+// shorter tests of that suite, and the long ones ran against libtorch 1.13.
+bool longTestsSkipped();
+
 }  // namespace ptrain::test
+
+// First statement of a long test's body.
+#define PTRAIN_LONG_TEST()                        \
+  if (::ptrain::test::longTestsSkipped())         \
+  GTEST_SKIP() << "a long test: PTRAIN_TESTS=short skips it (unset it to run every test)"

@@ -13,6 +13,7 @@
 
 #include "llm_runtime_fixture.h"
 #include "ptrain/engine/memory_settings.h"
+#include "support/test_support.h"
 
 namespace ptrain {
 namespace {
@@ -66,6 +67,7 @@ TrainedRun train(Communicator& comm, const Case& c, bool distributed, int steps)
 }
 
 TEST(DistributedOptimizerRanks, MatchesTheNonShardedOptimizerOver20Steps) {
+  PTRAIN_LONG_TEST();
   const std::vector<Case> cases = {
       {2, 1, {}},
       {4, 1, {"optimizer.name=sgd", "optimizer.momentum=0.9", "optimizer.lr=0.05"}},

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "ptrain/core/error.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/launch/host_tuning.h"
