@@ -68,7 +68,7 @@ TEST(RecommenderModel, PackingHoldsEveryPartOnce) {
   const RecsysConfig c = tinyConfig(2);
   const RecsysPacking p(c);
   const int64_t pairs = kInteractionVectors * (kInteractionVectors - 1) / 2;
-  EXPECT_EQ(pairs, 378);
+  EXPECT_EQ(pairs, 406);
   EXPECT_EQ(p.interaction_size, c.dim + pairs);
   EXPECT_EQ(p.width, p.interaction_size + 3 * c.dim + c.history_length * c.dim + c.history_length + c.dim + c.hidden);
   EXPECT_EQ(p.experts + c.hidden, p.width);
@@ -83,8 +83,8 @@ TEST(RecommenderModel, EmbedInteractionMatchesTheTablesAndTheBottomMlpByHand) {
   const RecsysPacking& p = model.packing();
   ASSERT_EQ(hidden.sizes(), (std::vector<int64_t>{6, p.width}));
 
-  // The 28 vectors by hand: bottom MLP output, the 26 rows of the tables,
-  // the mean of the valid history items' rows.
+  // The 29 vectors by hand: bottom MLP output, the 26 rows of the tables,
+  // the mean of the valid history items' rows, the first-order vector.
   auto params = model.module().named_parameters();
   auto row = [&](int64_t table, int64_t id) {
     auto* tables = dynamic_cast<ptrain::nn::EmbeddingTablesImpl*>(
@@ -108,6 +108,7 @@ TEST(RecommenderModel, EmbedInteractionMatchesTheTablesAndTheBottomMlpByHand) {
       ++valid;
     }
     vectors.push_back(sum / static_cast<double>(std::max<int64_t>(1, valid)));
+    vectors.push_back(params["embed.first_order"].reshape({c.dim}));
     ASSERT_EQ(static_cast<int64_t>(vectors.size()), kInteractionVectors);
     EXPECT_TRUE(torch::allclose(hidden[i].narrow(0, 0, c.dim), z[i], 1e-5, 1e-6));
     int64_t k = c.dim;
@@ -220,7 +221,7 @@ TEST(RecommenderModel, ParameterCountsMatchTheBuiltModel) {
     for (const auto& item : model.module().named_parameters()) {
       const std::string& k = item.key();
       const int64_t n = item.value().numel();
-      if (k.rfind("embed.bottom.", 0) == 0) bottom += n;
+      if (k.rfind("embed.bottom.", 0) == 0 || k == "embed.first_order") bottom += n;
       if (k.rfind("blocks.0.", 0) == 0) attn += n;
       if (k.rfind("blocks.1.", 0) == 0) block1 += n;
       if (k.rfind("head.", 0) == 0) top += n;

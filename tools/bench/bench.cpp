@@ -16,7 +16,10 @@
 // Then two ranks with one slowed on purpose, the batch split evenly and 2:1
 // (parallel.data_parallel_shares).
 // Then the planner's predictions beside measurement for twelve layouts.
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration]` runs only the sections named.
+// Then the recommender's samples/s: the scaled 12B recipe on its 8-rank
+// layout (tp 4 x pp 2 x ep 2) and recsys_small on 2 data-parallel ranks.
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration|recommender]` runs only the sections
+// named.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -251,11 +254,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
     if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
-        name != "memory" && name != "shares" &&
-        name != "calibration") {
+        name != "memory" && name != "shares" && name != "calibration" && name != "recommender") {
       std::fprintf(stderr,
-                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares or calibration (default: "
-                   "all)\n",
+                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares, "
+                   "calibration or recommender (default: all)\n",
                    name.c_str());
       return 2;
     }
@@ -507,6 +509,41 @@ int main(int argc, char** argv) {
     std::printf("%-24s %8.3f %9s\n", "even [24, 24]", even.step_s, "");
     std::printf("%-24s %8.3f %8.2fx\n", "shares 2:1 [32, 16]", uneven.step_s, even.step_s / uneven.step_s);
     std::printf("(predicted gain of 2:1 over even for a rank at half speed: 1.50x)\n");
+  }
+  // The recommender (docs/trainers/recommender.md): training samples a second
+  // over the whole job, the global batch over the median step time after the
+  // warm-up; evaluation off. The seed's 1.2e8 samples a day on 8 GPUs is
+  // 1,389 samples/s: a figure for its cluster, printed beside, not compared.
+  if (runs("recommender")) {
+    struct RecommenderRun {
+      const char* recipe;
+      const char* layout;
+      int nproc, batch, steps;
+    };
+    std::printf("\nrecommender, samples/s (global batch / median step time; seed: 1.2e8/day = 1389 samples/s on 8 GPUs):\n");
+    std::printf("%-28s %-22s %6s %8s %10s\n", "recipe", "layout", "ranks", "step s", "samples/s");
+    for (const RecommenderRun& r : {RecommenderRun{"recsys_12b_scaled_cpu", "tp4 x pp2 x ep2", 8, 256, 12},
+                                    RecommenderRun{"recsys_small", "dp2", 2, 256, 40}}) {
+      const std::string runDir =
+          (fs::temp_directory_path() / ("ptrain-bench-" + std::string(r.recipe) + "-" + std::to_string(getpid())))
+              .string();
+      fs::remove_all(runDir);
+      std::ostringstream cmd;
+      cmd << binary / "bin/ptrain" << " run " << source / "configs/recommender" / (std::string(r.recipe) + ".yaml")
+          << " --run-dir " << runDir << " train.steps=" << r.steps + warmup << " train.eval_every=0"
+          << " train.global_batch_size=" << r.batch << " log.progress=none 2>&1";
+      capture(cmd.str());
+      std::vector<double> stepTimes;
+      std::ifstream metrics(runDir + "/metrics.jsonl");
+      std::string line;
+      while (std::getline(metrics, line)) {
+        auto j = nlohmann::json::parse(line);
+        if (j.contains("step_time_s") && j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+      }
+      fs::remove_all(runDir);
+      const double step = median(stepTimes);
+      std::printf("%-28s %-22s %6d %8.3f %10.0f\n", r.recipe, r.layout, r.nproc, step, step > 0 ? r.batch / step : 0.0);
+    }
   }
   return 0;
 }

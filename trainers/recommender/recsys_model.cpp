@@ -65,7 +65,8 @@ nn::EmbeddingTablesOptions RecsysConfig::tableOptions(uint64_t seed) const {
   return o;
 }
 
-int64_t RecsysConfig::bottomParameters() const { return mlpParameters(kDenseFeatures, bottom_mlp, dim); }
+// The bottom MLP and the interaction's first-order vector.
+int64_t RecsysConfig::bottomParameters() const { return mlpParameters(kDenseFeatures, bottom_mlp, dim) + dim; }
 
 int64_t RecsysConfig::attentionParameters() const { return mlpParameters(3 * dim, {attention_hidden}, 1); }
 
@@ -117,6 +118,7 @@ RecsysModuleImpl::RecsysModuleImpl(const RecsysConfig& c, const ModelBuild& buil
   if (build.embed) {
     tables = embed->register_module("tables", nn::EmbeddingTables(c.tableOptions(baseSeed)));
     bottom = embed->register_module("bottom", mlp(kDenseFeatures, c.bottom_mlp, c.dim, true));
+    first_order = embed->register_parameter("first_order", torch::empty({1, c.dim}));
   }
   blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   if (build.buildsBlock(0)) {
@@ -229,7 +231,8 @@ at::Tensor RecsysModel::embed(const Batch& micro) {
   at::Tensor z = root_->bottom->forward(micro.at("dense").to(fields.scalar_type()));  // [B, d]
   at::Tensor mask = micro.at("history_mask").to(fields.scalar_type());
   at::Tensor historyMean = items.sum(1) / mask.sum(1, true).clamp_min(1.0);
-  at::Tensor vectors = torch::cat({z.unsqueeze(1), fields, historyMean.unsqueeze(1)}, 1);  // [B, 28, d]
+  at::Tensor u = root_->first_order.to(fields.scalar_type()).unsqueeze(0).expand({b, 1, c.dim});
+  at::Tensor vectors = torch::cat({z.unsqueeze(1), fields, historyMean.unsqueeze(1), u}, 1);  // [B, 29, d]
   at::Tensor interaction = torch::cat({z, pairwiseDots(vectors)}, 1);
 
   at::Tensor zeros = torch::zeros({b, c.dim + c.hidden}, fields.options());

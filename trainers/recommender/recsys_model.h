@@ -6,9 +6,13 @@
 //   embed:   the 26 sparse ids and the history through nn::EmbeddingTables
 //            (one all-reduce under tensor parallelism for all 27 lookups);
 //            bottom MLP 13 -> bottom_mlp... -> dim (ReLU after each layer);
-//            interaction: the dot products of every pair among 28 vectors
-//            (bottom output, the 26 embeddings, the history's mean), with the
-//            bottom output in front: [B, dim + 378]. Then everything the
+//            interaction: the dot products of every pair among 29 vectors
+//            (bottom output, the 26 embeddings, the history's mean, and a
+//            learned vector u), with the bottom output in front:
+//            [B, dim + 406]. The dots <e, u> are a learned first-order term
+//            per id (FM's linear part), which the ground truth of
+//            datasets/clicks has and plain DLRM can reach only through the
+//            bottom output. Then everything the
 //            blocks need is packed into one tensor (RecsysPacking).
 //   block 0: target attention: score_h = MLP([e_h, e_t, e_h * e_t]) for each
 //            history item h (e_t the target item's embedding), softmax over
@@ -32,7 +36,7 @@
 // experts + top MLP).
 //
 // Parameter names: embed.tables.{row_wise.<table>,table_wise},
-// embed.bottom.<i>.{weight,bias}, blocks.0.attn.{fc1,fc2}.{weight,bias},
+// embed.bottom.<i>.{weight,bias}, embed.first_order [1, dim], blocks.0.attn.{fc1,fc2}.{weight,bias},
 // blocks.1.proj.{weight,bias}, blocks.1.moe.{router.weight,experts.*} (or
 // blocks.1.ffn.{fc1,fc2}.*), head.top.<i>.{weight,bias}, head.out.{weight,bias}.
 //
@@ -66,8 +70,9 @@ namespace ptrain::recommender {
 
 inline constexpr int64_t kSparseFeatures = 26;
 inline constexpr int64_t kDenseFeatures = 13;
-// Vectors entering the interaction: bottom output, 26 embeddings, history mean.
-inline constexpr int64_t kInteractionVectors = kSparseFeatures + 2;
+// Vectors entering the interaction: bottom output, 26 embeddings, history
+// mean, the learned first-order vector.
+inline constexpr int64_t kInteractionVectors = kSparseFeatures + 3;
 
 struct RecsysConfig {
   std::vector<int64_t> table_sizes;  // 26 rows counts
@@ -97,7 +102,7 @@ struct RecsysConfig {
 // Where each part lives in the packed hidden [B, P] (column offsets).
 struct RecsysPacking {
   explicit RecsysPacking(const RecsysConfig& config);
-  int64_t interaction = 0, interaction_size = 0;  // [bottom output, 378 dots]
+  int64_t interaction = 0, interaction_size = 0;  // [bottom output, 406 dots]
   int64_t target = 0, category = 0, interest = 0;  // dim each
   int64_t history = 0;                             // H * dim, slot-major
   int64_t mask = 0;                                // H
@@ -118,6 +123,7 @@ class RecsysModuleImpl : public torch::nn::Module {
   std::shared_ptr<torch::nn::Module> embed, blocks, head;
   nn::EmbeddingTables tables{nullptr};
   torch::nn::Sequential bottom{nullptr};
+  at::Tensor first_order;  // [1, dim]: u of the interaction
   std::shared_ptr<torch::nn::Module> attn;  // block 0: fc1, fc2
   torch::nn::Linear attn_fc1{nullptr}, attn_fc2{nullptr};
   std::shared_ptr<torch::nn::Module> mix;  // block 1: proj, moe or ffn
