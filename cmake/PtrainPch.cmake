@@ -1,4 +1,4 @@
-# ptrain_reuse_pch(<target>)
+# ptrain_reuse_pch(<target> [WITHOUT_PCH_OPTIONS <options...>])
 #
 # Gives <target> the shared precompiled header (cmake/ptrain_pch.h, which
 # holds <torch/torch.h>), but only for the sources that reach a libtorch
@@ -12,7 +12,9 @@
 # "Reaches" is decided at configure time by following #include lines through
 # the project's own headers (resolved against the including file's folder and
 # the include roots below) until one names torch/, ATen/ or c10/. A source it
-# gets wrong still compiles, only at the other speed. Call it after every
+# gets wrong still compiles, only at the other speed. Sources left without the
+# header also get WITHOUT_PCH_OPTIONS (their flags need not match the
+# header's: the test suites compile their drivers at -O0). Call it after every
 # source of the target has been added.
 
 set(PTRAIN_PCH_INCLUDE_ROOTS
@@ -70,6 +72,7 @@ function(ptrain_reaches_torch file out)
 endfunction()
 
 function(ptrain_reuse_pch target)
+  cmake_parse_arguments(ARG "" "" "WITHOUT_PCH_OPTIONS" ${ARGN})
   if(NOT TARGET ptrain_pch)
     return()
   endif()
@@ -84,6 +87,10 @@ function(ptrain_reuse_pch target)
     ptrain_reaches_torch(${path} reaches)
     if(NOT reaches)
       set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+      if(ARG_WITHOUT_PCH_OPTIONS)
+        set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES
+                                    COMPILE_OPTIONS "${ARG_WITHOUT_PCH_OPTIONS}")
+      endif()
     endif()
   endforeach()
 endfunction()
