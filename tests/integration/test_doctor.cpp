@@ -86,6 +86,14 @@ TEST(Doctor, AHealthyRunHasNothingToReport) {
   auto r = doctor(dir);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("no failure found: 5 training steps"), std::string::npos) << r.output;
+  // The run folder's recipe is what the doctor's commands start from: it
+  // loads and resumes as the original did (an fp32 run, whose fp16 defaults
+  // must not come back as keys that do not apply).
+  auto check = runPtrain({"check", dir + "/recipe.yaml"}, {}, 120);
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  auto resumed = runPtrain({"run", dir + "/recipe.yaml", "--resume", "--run-dir", dir, "train.steps=6"}, {}, 300);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(ptrain::test::readTrainingSteps(dir).count(6), 1u) << resumed.output;
 }
 
 TEST(Doctor, AWorkerKilledMidRunIsALostRank) {

@@ -317,6 +317,17 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
   Recipe set = Recipe::fromString(kMinimal, "r.yaml", {"offload.params=false"});
   set.validate(coreSchema());
   EXPECT_NE(set.toYaml().find("params: false"), std::string::npos) << set.toYaml();
+  // The written form leaves every default out, so a default that applies to
+  // no layout of this recipe (fp16's loss scale under fp32) is not written
+  // back as if set; it keeps the values that were written.
+  const std::string written = set.toYaml(Recipe::Values::kWritten);
+  EXPECT_EQ(written.find("loss_scale"), std::string::npos) << written;
+  EXPECT_EQ(written.find("device"), std::string::npos) << written;
+  EXPECT_NE(written.find("params: false"), std::string::npos) << written;
+  Recipe reloaded = Recipe::fromString(written, "written.yaml");
+  EXPECT_EQ(reloaded.validateAll(coreSchema()), std::vector<std::string>{});
+  EXPECT_FALSE(reloaded.isExplicit("precision.loss_scale"));
+  EXPECT_EQ(reloaded.toYaml(), set.toYaml());
 }
 
 TEST(RecipeOverrides, ApplyAfterTheFileAsYaml) {

@@ -117,7 +117,10 @@ int cmdRun(const RunArgs& args) {
     }
     if (args.launch.node_rank == 0) {
       fs::create_directories(runDir);
-      std::ofstream(fs::path(runDir) / "recipe.yaml") << prepared.recipe.toYaml();
+      // The recipe as written (files and overrides): `ptrain run` loads it
+      // again as it loaded the original (the doctor's suggested commands use
+      // it). Every resolved value is in each checkpoint's meta.json.
+      std::ofstream(fs::path(runDir) / "recipe.yaml") << prepared.recipe.toYaml(Recipe::Values::kWritten);
     }
   }
 

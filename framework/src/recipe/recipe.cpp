@@ -664,7 +664,7 @@ void emitTree(YAML::Emitter& out, const Tree& t) {
 
 }  // namespace
 
-std::string Recipe::toYaml() const {
+std::string Recipe::toYaml(Values values) const {
   const Impl& im = *impl_;
   std::map<std::string, size_t> rank;
   for (size_t i = 0; i < im.schemaOrder.size(); ++i) rank.emplace(im.schemaOrder[i], i);
@@ -680,7 +680,7 @@ std::string Recipe::toYaml() const {
   for (const auto& kv : im.leaves) {
     // A reserved key's default may be one that no recipe may write
     // (train.eval_batches): leave it out, loading the text back restores it.
-    if (!kv.second.is_explicit && im.reservedKeys.count(kv.first) > 0) continue;
+    if (!kv.second.is_explicit && (values == Values::kWritten || im.reservedKeys.count(kv.first) > 0)) continue;
     keys.emplace_back(rankOf(kv.first), &kv.first);
   }
   std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

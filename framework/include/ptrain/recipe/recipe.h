@@ -108,11 +108,20 @@ class PTRAIN_API Recipe {
   // Throws ConfigError "<location>: <key>: <message>".
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 
-  // The resolved recipe (every value, defaults included) as YAML text,
-  // suitable for saving next to a run and loading back. A key the schema
-  // marks reserved appears only when the recipe set it: its default may be a
-  // value a recipe may not write, and loading the text back restores it.
-  std::string toYaml() const;
+  // Which values toYaml writes.
+  enum class Values {
+    kResolved,  // every value, defaults included
+    kWritten,   // the keys written in the recipe files, overrides or set()
+  };
+  // The recipe as YAML text (sections in the schema's order, `defaults`
+  // includes resolved away). kResolved pins every default: a record of what
+  // ran, whatever later versions default to; a key the schema marks reserved
+  // appears only when the recipe set it (its default may be a value a recipe
+  // may not write). Loading it back may be refused where a default does not
+  // apply to the layout (fp16's settings under fp32, say), since every key it
+  // writes reads as written. kWritten gives what the user wrote: it loads
+  // back and runs as the original did, which is what a run folder keeps.
+  std::string toYaml(Values values = Values::kResolved) const;
 
   // Sets a value programmatically (YAML text), as an override would; its
   // location reads `<set>`. Throws ConfigError for a malformed key or value.
