@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 namespace ptrain::datasets {
 
@@ -42,6 +43,11 @@ constexpr double kDenseGain = 1.5;
 // The terms of f and their shares of its variance (before correlations).
 enum Term { kFirstOrder, kPairwise, kUserItem, kInterestCategory, kDense, kDenseItem, kAttention, kTerms };
 constexpr double kTermShares[kTerms] = {0.20, 0.20, 0.10, 0.10, 0.15, 0.05, 0.20};
+static_assert(kTerms == kClicksTerms, "clicks.h's kClicksTerms counts the terms of f");
+constexpr const char* kTermNames[kTerms] = {"first order", "pairwise",     "user x item",     "interest x category",
+                                            "dense",       "dense x item", "target attention"};
+constexpr const char* kTermKeys[kTerms] = {"first_order", "pairwise",   "user_item", "interest_category",
+                                           "dense",       "dense_item", "attention"};
 
 constexpr int64_t kPairs = kClicksSparseFeatures * (kClicksSparseFeatures - 1) / 2;
 
@@ -171,6 +177,26 @@ std::optional<std::string> checkClicksOptions(const ClicksOptions& o) {
   if (!(o.logit_std >= 0 && o.logit_std <= 20)) return concat("logit_std=", o.logit_std, " is out of range: use [0, 20]");
   if (!(o.click_rate > 0 && o.click_rate < 1)) return concat("click_rate=", o.click_rate, " is out of range: use (0, 1)");
   return std::nullopt;
+}
+
+const char* clicksTermName(int term) {
+  PTRAIN_CHECK(term >= 0 && term < kTerms, "clicks dataset: term ", term, " is outside 0..", kTerms - 1);
+  return kTermNames[term];
+}
+
+const char* clicksTermKey(int term) {
+  PTRAIN_CHECK(term >= 0 && term < kTerms, "clicks dataset: term ", term, " is outside 0..", kTerms - 1);
+  return kTermKeys[term];
+}
+
+std::string clicksTermAblationLine(const ClicksBestScores& s) {
+  std::string line = "ground truth without each term (AUC):";
+  char part[64];
+  for (int k = 0; k < kTerms; ++k) {
+    std::snprintf(part, sizeof part, "%s %s %.4f", k == 0 ? "" : ",", kTermNames[k], s.auc_without_term[k]);
+    line += part;
+  }
+  return line;
 }
 
 std::string clicksBestScoresLine(const ClicksBestScores& s) {
@@ -498,12 +524,88 @@ ClicksExamples ClicksDataset::examples(ClicksSplit split, int64_t first, int64_t
   return e;
 }
 
+ClicksTermFit fitLogitsOnTerms(const double* logits, const std::vector<double>& contributions, int64_t n) {
+  constexpr int m = kTerms + 1;  // intercept and the terms
+  PTRAIN_CHECK(contributions.size() == static_cast<size_t>(n * kTerms), "clicks term fit: ", contributions.size(),
+               " contributions for ", n, " samples of ", kTerms, " terms");
+  // Normal equations A b = r, A = X^T X, r = X^T z, in doubles: 8 unknowns.
+  double a[m][m] = {}, r[m] = {};
+  double meanZ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double x[m];
+    x[0] = 1;
+    for (int k = 0; k < kTerms; ++k) x[k + 1] = contributions[static_cast<size_t>(i * kTerms + k)];
+    for (int p = 0; p < m; ++p) {
+      r[p] += x[p] * logits[i];
+      for (int q = 0; q < m; ++q) a[p][q] += x[p] * x[q];
+    }
+    meanZ += logits[i];
+  }
+  // Gaussian elimination with partial pivoting.
+  for (int col = 0; col < m; ++col) {
+    int pivot = col;
+    for (int row = col + 1; row < m; ++row) {
+      if (std::abs(a[row][col]) > std::abs(a[pivot][col])) pivot = row;
+    }
+    PTRAIN_CHECK_AS(ConfigError, std::abs(a[pivot][col]) > 1e-12 * std::max<double>(1.0, static_cast<double>(n)),
+                    "clicks term fit: the terms of ", n, " samples do not determine the fit (term ", col - 1,
+                    " is constant or repeats another); score more samples");
+    std::swap(a[pivot], a[col]);
+    std::swap(r[pivot], r[col]);
+    for (int row = col + 1; row < m; ++row) {
+      const double f = a[row][col] / a[col][col];
+      for (int q = col; q < m; ++q) a[row][q] -= f * a[col][q];
+      r[row] -= f * r[col];
+    }
+  }
+  double b[m];
+  for (int row = m - 1; row >= 0; --row) {
+    double v = r[row];
+    for (int q = row + 1; q < m; ++q) v -= a[row][q] * b[q];
+    b[row] = v / a[row][row];
+  }
+  meanZ /= static_cast<double>(n);
+  double total = 0, residual = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double fitted = b[0];
+    for (int k = 0; k < kTerms; ++k) fitted += b[k + 1] * contributions[static_cast<size_t>(i * kTerms + k)];
+    total += (logits[i] - meanZ) * (logits[i] - meanZ);
+    residual += (logits[i] - fitted) * (logits[i] - fitted);
+  }
+  ClicksTermFit fit;
+  fit.intercept = b[0];
+  for (int k = 0; k < kTerms; ++k) fit.coefficient[static_cast<size_t>(k)] = b[k + 1];
+  fit.r2 = total > 0 ? 1 - residual / total : 1;
+  return fit;
+}
+
+std::vector<double> ClicksDataset::termContributions(ClicksSplit split, int64_t first, int64_t count) const {
+  PTRAIN_CHECK(first >= 0 && count >= 0, "clicks dataset: samples ", first, "+", count, " are out of range");
+  const uint64_t root = split == ClicksSplit::kTrain ? model_->trainHash : model_->validationHash;
+  std::vector<int64_t> sparse(kClicksSparseFeatures), counts(kClicksDenseFeatures),
+      history(static_cast<size_t>(options_.history_length));
+  std::vector<double> scratch, out(static_cast<size_t>(count * kTerms));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t length = 0;
+    drawFeatures(combine(root, static_cast<uint64_t>(first + i)), sparse.data(), counts.data(), history.data(),
+                 &length);
+    double terms[kTerms];
+    computeTerms(sparse.data(), counts.data(), history.data(), length, terms, scratch);
+    for (int k = 0; k < kTerms; ++k) {
+      out[static_cast<size_t>(i * kTerms + k)] = model_->scale * model_->termWeight[k] * (terms[k] - model_->termMean[k]);
+    }
+  }
+  return out;
+}
+
 ClicksBestScores ClicksDataset::bestValidationScores() const {
   const int64_t n = options_.validation_size;
   std::vector<double> probabilities(static_cast<size_t>(n)), labels(static_cast<size_t>(n));
   std::vector<int64_t> sparse(kClicksSparseFeatures), counts(kClicksDenseFeatures),
       history(static_cast<size_t>(options_.history_length));
   std::vector<double> scratch;
+  // logits[k][i]: sample i's logit without term k.
+  std::vector<std::vector<double>> logitsWithout(kTerms, std::vector<double>(static_cast<size_t>(n)));
   ClicksBestScores s;
   s.samples = n;
   for (int64_t i = 0; i < n; ++i) {
@@ -512,12 +614,21 @@ ClicksBestScores ClicksDataset::bestValidationScores() const {
     fill(ClicksSplit::kValidation, i, sparse.data(), counts.data(), history.data(), &length, &probabilities[i], &label,
          scratch);
     labels[i] = label;
+    double terms[kTerms];
+    computeTerms(sparse.data(), counts.data(), history.data(), length, terms, scratch);
+    double full = 0;
+    for (int k = 0; k < kTerms; ++k) full += model_->termWeight[k] * (terms[k] - model_->termMean[k]);
+    for (int k = 0; k < kTerms; ++k) {
+      logitsWithout[k][i] = full - model_->termWeight[k] * (terms[k] - model_->termMean[k]);
+    }
     const double p = probabilities[i];
     s.click_rate += label;
     s.mean_probability += p;
     if (p > 0 && p < 1) s.expected_logloss -= p * std::log(p) + (1 - p) * std::log1p(-p);
   }
   s.auc = rocAuc(probabilities, labels);
+  // AUC depends on the order only: the bias and the positive scale drop out.
+  for (int k = 0; k < kTerms; ++k) s.auc_without_term[k] = rocAuc(logitsWithout[k], labels);
   s.logloss = logLoss(probabilities, labels);
   s.expected_logloss /= static_cast<double>(n);
   s.click_rate /= static_cast<double>(n);

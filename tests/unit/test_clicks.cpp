@@ -259,6 +259,16 @@ TEST(ClicksDataset, ClickRateAndBestAuc) {
   EXPECT_NEAR(best.logloss, best.expected_logloss, 0.02);
   const std::string line = ptrain::datasets::clicksBestScoresLine(best);
   EXPECT_NE(line.find("ground truth on 20000 validation samples: AUC 0."), std::string::npos) << line;
+  // Every term carries part of the AUC, and a term with a fifth of the
+  // variance (first order) more than one with a twentieth (dense x item).
+  for (int k = 0; k < ptrain::datasets::kClicksTerms; ++k) {
+    EXPECT_LT(best.auc_without_term[k], best.auc - 0.002) << ptrain::datasets::clicksTermName(k);
+    EXPECT_GT(best.auc_without_term[k], 0.6) << ptrain::datasets::clicksTermName(k);
+  }
+  EXPECT_LT(best.auc_without_term[0], best.auc_without_term[5]);
+  const std::string ablation = ptrain::datasets::clicksTermAblationLine(best);
+  EXPECT_NE(ablation.find("ground truth without each term (AUC): first order 0."), std::string::npos) << ablation;
+  EXPECT_NE(ablation.find(", target attention 0."), std::string::npos) << ablation;
 
   // Calibration: in each fifth of the samples by probability, the click rate
   // is the mean probability.
@@ -277,6 +287,50 @@ TEST(ClicksDataset, ClickRateAndBestAuc) {
 }
 
 // Tables of 1e8 rows: nothing is materialised, ids reach the tail.
+// The terms add up to the hidden model's logit, sample by sample.
+TEST(ClicksDataset, TermContributionsSumToTheLogit) {
+  const ClicksDataset ds(seeded(6));
+  const int64_t n = 200;
+  const std::vector<double> c = ds.termContributions(ClicksSplit::kValidation, 50, n);
+  ASSERT_EQ(c.size(), static_cast<size_t>(n * ptrain::datasets::kClicksTerms));
+  double spread = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double logit = ds.bias();
+    for (int k = 0; k < ptrain::datasets::kClicksTerms; ++k) logit += c[i * ptrain::datasets::kClicksTerms + k];
+    EXPECT_NEAR(1 / (1 + std::exp(-logit)), ds.sample(ClicksSplit::kValidation, 50 + i).probability, 1e-12) << i;
+    spread += std::abs(c[i * ptrain::datasets::kClicksTerms + 1]);
+  }
+  EXPECT_GT(spread / n, 0.05);  // the pairwise term is not zero
+}
+
+// The fit recovers coefficients chosen here from logits made with them, and
+// with noise added explains less of the variance.
+TEST(ClicksDataset, TermFitRecoversKnownCoefficients) {
+  const ClicksDataset ds(seeded(7));
+  constexpr int kTerms = ptrain::datasets::kClicksTerms;
+  const int64_t n = 3000;
+  const std::vector<double> c = ds.termContributions(ClicksSplit::kValidation, 0, n);
+  const double chosen[kTerms] = {1.0, 0.5, 0.0, 2.0, -0.25, 0.75, 0.1};
+  std::vector<double> exact(n), noisy(n);
+  ptrain::datasets::SplitMix64 rng(11);
+  for (int64_t i = 0; i < n; ++i) {
+    exact[i] = -1.5;
+    for (int k = 0; k < kTerms; ++k) exact[i] += chosen[k] * c[i * kTerms + k];
+    noisy[i] = exact[i] + (rng.unit() - 0.5) * 2;
+  }
+  const auto fit = ptrain::datasets::fitLogitsOnTerms(exact.data(), c, n);
+  EXPECT_NEAR(fit.intercept, -1.5, 1e-9);
+  for (int k = 0; k < kTerms; ++k) EXPECT_NEAR(fit.coefficient[k], chosen[k], 1e-9) << k;
+  EXPECT_NEAR(fit.r2, 1.0, 1e-12);
+  const auto rough = ptrain::datasets::fitLogitsOnTerms(noisy.data(), c, n);
+  EXPECT_LT(rough.r2, 0.99);
+  EXPECT_GT(rough.r2, 0.3);
+  for (int k = 0; k < kTerms; ++k) EXPECT_NEAR(rough.coefficient[k], chosen[k], 0.15) << k;
+  // Fewer samples than unknowns: one line, not a wrong answer.
+  EXPECT_THROW(ptrain::datasets::fitLogitsOnTerms(exact.data(), std::vector<double>(3 * kTerms, 0.0), 3),
+               ptrain::ConfigError);
+}
+
 TEST(ClicksDataset, HugeTablesCostNothing) {
   const double before = residentMb();
   ClicksOptions o = seeded(4);

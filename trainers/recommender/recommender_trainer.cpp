@@ -169,6 +169,10 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
   schema.add(atLeast(key("data.world_seed", T::kInt, std::to_string(datasets::kClicksWorldSeed),
                          "Seed of the hidden ground-truth model (the same for training and validation)."),
                      0));
+  schema.add(key("data.term_fit", T::kBool, "false",
+                 "At each evaluation, regress the model's validation logits on the seven terms of the hidden "
+                 "model's logit and report the coefficients (fit_<term>: 1 = the term learned at full weight, 0 = "
+                 "missed) and the fit's R^2 (fit_r2)."));
   schema.add(atLeast(key("data.eval_size", T::kInt, "20000",
                          "Validation samples scored (AUC, logloss), split across data-parallel ranks; the ground "
                          "truth's best AUC is computed on the same samples."),
@@ -213,6 +217,7 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   data.world_seed = static_cast<uint64_t>(recipe.getInt("data.world_seed"));
   data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   const int64_t evalSize = recipe.getInt("data.eval_size");
+  const bool termFit = recipe.getBool("data.term_fit");
   data.validation_size = std::max<int64_t>(1, evalSize);
   if (auto problem = datasets::checkClicksOptions(data)) recipe.fail("data", *problem);
 
@@ -274,6 +279,8 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   best_.reset();
   config_ = c;
   eval_size_ = evalSize;
+  term_fit_ = termFit;
+  term_contributions_.clear();
   embedding_optimizer_ = tableOptimizer;
   embedding_lr_ = recipe.getFloat("model.embedding_lr");
   embedding_weight_decay_ = recipe.getFloat("model.embedding_weight_decay");
@@ -384,7 +391,23 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
   const datasets::ClicksBestScores& best = bestScores();
   out["best_auc"] = best.auc;
   out["best_logloss"] = best.logloss;
+  if (term_fit_) fitTerms(scored[0], out);
   return out;
+}
+
+void RecommenderTrainer::fitTerms(const at::Tensor& probabilities, std::map<std::string, double>& out) {
+  const int64_t n = probabilities.size(0);
+  if (term_contributions_.size() != static_cast<size_t>(n * datasets::kClicksTerms)) {
+    term_contributions_ = dataset_->termContributions(ClicksSplit::kValidation, 0, n);
+  }
+  // The model's logits, as the probabilities were rounded to float before.
+  at::Tensor logits = torch::logit(probabilities.to(torch::kFloat64).cpu().clamp(1e-9, 1 - 1e-9)).contiguous();
+  const datasets::ClicksTermFit fit =
+      datasets::fitLogitsOnTerms(logits.data_ptr<double>(), term_contributions_, n);
+  for (int k = 0; k < datasets::kClicksTerms; ++k) {
+    out[std::string("fit_") + datasets::clicksTermKey(k)] = fit.coefficient[static_cast<size_t>(k)];
+  }
+  out["fit_r2"] = fit.r2;
 }
 
 TrainSummary RecommenderTrainer::train(TrainingSession& session) {
@@ -395,7 +418,10 @@ TrainSummary RecommenderTrainer::train(TrainingSession& session) {
     options.optimizer->sparse_lr = embedding_lr_;
     options.optimizer->sparse_weight_decay = embedding_weight_decay_;
   }
-  if (session.isRankZero()) logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
+  if (session.isRankZero()) {
+    logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
+    logger()->info("{}", datasets::clicksTermAblationLine(bestScores()));
+  }
   return defaultTrainingLoop(session, *this, options);
 }
 

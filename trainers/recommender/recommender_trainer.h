@@ -59,7 +59,8 @@ class RecommenderTrainer : public Trainer {
   // eval_auc and eval_logloss of the click probabilities on validation
   // samples 0..eval_size-1 (every data-parallel shard's probabilities summed
   // into one tensor, so every rank scores all of them exactly), eval_loss (the
-  // mean BCE), and best_auc / best_logloss: the hidden model's on the same samples.
+  // mean BCE), and best_auc / best_logloss: the hidden model's on the same
+  // samples; with data.term_fit, fit_<term> and fit_r2 (fitTerms).
   std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
   // The engine's loop over one runtime, with the tables' sparse optimizer
   // (model.embedding_optimizer) set on its options.
@@ -72,12 +73,17 @@ class RecommenderTrainer : public Trainer {
 
  private:
   RecsysModel& ownModel(StagedModel& model);
+  // data.term_fit: the coefficients of the model's validation logits on the
+  // hidden model's terms (fit_<term>) and the fit's R^2 (fit_r2), into `out`.
+  void fitTerms(const at::Tensor& probabilities, std::map<std::string, double>& out);
 
   int rank_ = 0;
   RecsysConfig config_;
   std::unique_ptr<datasets::ClicksDataset> dataset_;
   std::optional<datasets::ClicksBestScores> best_;
   int64_t eval_size_ = 0;
+  bool term_fit_ = false;                   // data.term_fit
+  std::vector<double> term_contributions_;  // [eval_size x kClicksTerms], made at the first fit
   std::string embedding_optimizer_ = "rowwise_adagrad";
   double embedding_lr_ = 0;
   double embedding_weight_decay_ = 0;

@@ -172,6 +172,15 @@ struct ClicksExamples {
   std::vector<double> probabilities;   // count
 };
 
+// The hidden model's seven terms, in the order above.
+inline constexpr int kClicksTerms = 7;
+// "first order", "pairwise", "user x item", "interest x category", "dense",
+// "dense x item", "target attention"; term in [0, kClicksTerms).
+const char* clicksTermName(int term);
+// The same as metric-name suffixes: "first_order", "pairwise", "user_item",
+// "interest_category", "dense", "dense_item", "attention".
+const char* clicksTermKey(int term);
+
 // What the ground-truth model scores on the validation set: the best a model
 // of the clicks can do there (up to the noise of a finite set).
 struct ClicksBestScores {
@@ -181,12 +190,33 @@ struct ClicksBestScores {
   double expected_logloss = 0;  // mean binary entropy of the probabilities (logloss's expectation)
   double click_rate = 0;        // mean label
   double mean_probability = 0;  // mean probability
+  // The AUC of the ground truth's logit with term k left out, against the
+  // same labels: what a model that learned everything but that term could
+  // reach, so auc - auc_without_term[k] is what the term is worth.
+  std::array<double, kClicksTerms> auc_without_term{};
 };
 
 // "ground truth on 100000 validation samples: AUC 0.7812, logloss 0.4567
 // (expected 0.4561), click rate 0.2503": the line trainers print beside their
 // own AUC and logloss.
 std::string clicksBestScoresLine(const ClicksBestScores& scores);
+// "ground truth without each term: first order 0.7501, pairwise 0.7508, ...":
+// auc_without_term, for telling which terms a model's AUC misses.
+std::string clicksTermAblationLine(const ClicksBestScores& scores);
+
+// Least squares of logits z_i on [1, c_i0 .. c_i6] (`contributions` as
+// ClicksDataset::termContributions lays them out, n rows): coefficient[k] is
+// how much of term k the logits carry (1: at the hidden model's weight, 0:
+// none; the terms are nearly uncorrelated, so each reads on its own), r2 the
+// share of the logits' variance the terms explain. Throws ConfigError when
+// the system is singular (fewer samples than terms, or a term that is 0 on
+// every sample).
+struct ClicksTermFit {
+  double intercept = 0;
+  std::array<double, kClicksTerms> coefficient{};
+  double r2 = 0;
+};
+ClicksTermFit fitLogitsOnTerms(const double* logits, const std::vector<double>& contributions, int64_t n);
 
 class ClicksDataset {
  public:
@@ -228,6 +258,11 @@ class ClicksDataset {
   // (about 6 microseconds a sample, one thread). Throws std::invalid_argument
   // (from rocAuc) when the validation set holds only one class.
   ClicksBestScores bestValidationScores() const;
+  // The hidden model's logit of samples first..first+count-1 of `split`,
+  // split into its terms: row i holds kClicksTerms values c_k (the centred,
+  // weighted and scaled term k), and logit = bias() + sum_k c_k. A model's
+  // logits regressed on them say how much of each term it has learned.
+  std::vector<double> termContributions(ClicksSplit split, int64_t first, int64_t count) const;
 
   struct HiddenModel;  // the ground truth's weights (clicks.cpp)
 
