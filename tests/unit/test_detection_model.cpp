@@ -141,6 +141,46 @@ TEST(DetectionModel, ForwardKeepsTheBlockShapeAndCountsObjects) {
   EXPECT_NEAR(model.module().named_parameters()["head.out.bias"][0].item<double>(), -2.19, 1e-6);
 }
 
+// class_loss_weight adds w x the cross-entropy of the class logits at each
+// object's centre cell, computed here by hand from the head's outputs.
+TEST(DetectionModel, ClassLossIsTheCrossEntropyAtObjectCentres) {
+  CenterNetConfig plain;
+  plain.num_blocks = 1;
+  CenterNetConfig weighted = plain;
+  weighted.class_weight = 0.5;
+  torch::manual_seed(5);
+  CenterNetModel a(plain);
+  torch::manual_seed(5);
+  CenterNetModel b(weighted);
+  datasets::MosaicOptions options;
+  options.canvas = 64;
+  options.max_items = 3;
+  options.max_scale = 1.25;
+  Batch batch = datasets::mosaicBatch(options, datasets::MosaicSplit::kTrain, 2, 3);
+  addCenterNetTargets(batch, kClasses, options.canvas);
+  torch::NoGradGuard noGrad;
+  at::Tensor hidden = a.runBlock(0, a.embed(batch));
+  const double lossA = a.head(hidden, batch).loss_sum.item<double>();
+  const double lossB = b.head(b.runBlock(0, b.embed(batch)), batch).loss_sum.item<double>();
+
+  const at::Tensor out = a.headOutputs(hidden).to(torch::kFloat64);
+  const int64_t side = out.size(3);
+  const at::Tensor centers = batch.at("center_index"), labels = batch.at("labels");
+  const at::Tensor counts = batch.at("box_counts");
+  double crossEntropy = 0;
+  for (int64_t i = 0; i < counts.size(0); ++i) {
+    for (int64_t j = 0; j < counts[i].item<int64_t>(); ++j) {
+      const int64_t cell = centers[i][j].item<int64_t>();
+      double sumExp = 0;
+      for (int64_t c = 0; c < kClasses; ++c) sumExp += std::exp(out[i][c][cell / side][cell % side].item<double>());
+      const int64_t label = labels[i][j].item<int64_t>();
+      crossEntropy += std::log(sumExp) - out[i][label][cell / side][cell % side].item<double>();
+    }
+  }
+  ASSERT_GT(counts.sum().item<int64_t>(), 0);
+  EXPECT_NEAR(lossB - lossA, 0.5 * crossEntropy, 1e-4 * std::abs(crossEntropy));
+}
+
 // At block stride 8 the blocks run at half the side with dilations, and the
 // head still answers at stride 4.
 TEST(DetectionModel, BlockStrideEightUpsamplesToTheOutputStride) {

@@ -268,6 +268,15 @@ LossOutput CenterNetModel::head(const at::Tensor& hidden, const Batch& micro) {
 
   LossOutput loss;
   loss.loss_sum = focal + config_.size_weight * sizeL1 + config_.offset_weight * offsetL1;
+  if (config_.class_weight > 0) {
+    // Class logits at the centre cells [n, k, classes]; padding slots (label
+    // -1) take class 0 and are masked out.
+    at::Tensor atCentres =
+        logits.reshape({n, classes, cells}).gather(2, centers.unsqueeze(1).expand({n, classes, k})).permute({0, 2, 1});
+    const at::Tensor labels = micro.at("labels").to(out.device(), torch::kInt64).clamp_min(0).unsqueeze(2);
+    at::Tensor picked = torch::log_softmax(atCentres, 2).gather(2, labels);  // [n, k, 1]
+    loss.loss_sum = loss.loss_sum - config_.class_weight * (picked * mask).sum();
+  }
   loss.count = micro.at("object_mask").sum().item<double>();
   return loss;
 }

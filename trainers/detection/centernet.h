@@ -33,6 +33,9 @@
 // prior of 0.1 for every cell, so the focal loss does not start swamped by
 // the background).
 //
+// With class_weight > 0 the head adds class_weight x a softmax cross-entropy
+// of the heatmap logits at each object's centre cell against its label.
+//
 // Thread-safety: one thread at a time (torch modules are not thread-safe).
 #pragma once
 
@@ -80,6 +83,12 @@ struct CenterNetConfig {
   std::vector<int64_t> dilations{1};
   double size_weight = 0.1;
   double offset_weight = 1.0;
+  // Weight of a softmax cross-entropy over the class logits at each object's
+  // centre cell (0: CenterNet's losses only). The focal loss trains each
+  // class's heatmap on its own; this term makes the classes compete where an
+  // object is, which is where confusable classes (shirt, T-shirt, pullover,
+  // coat) are told apart.
+  double class_weight = 0.0;
 };
 
 // The training targets of a batch of canvases, in the batch itself so that

@@ -50,6 +50,11 @@ void DetectionTrainer::describeKeys(Schema& schema) const {
   schema.add(atLeast(key("model.offset_loss_weight", T::kFloat, "1.0",
                          "Weight of the L1 loss on the sub-cell offset of object centres."),
                      0));
+  schema.add(atLeast(key("model.class_loss_weight", T::kFloat, "0",
+                         "Weight of a softmax cross-entropy over the class logits at each object's centre cell, "
+                         "beside CenterNet's focal loss (0: off); makes confusable classes compete where an object "
+                         "is."),
+                     0));
   schema.add(key("model.block_stride", T::kInt, "4",
                  "Stride at which the blocks run: 4 (the output stride) or 8 (a third stride-2 stem convolution; "
                  "the head upsamples back to 4)."));
@@ -135,6 +140,7 @@ void DetectionTrainer::setup(const Recipe& recipe) {
   c.head_channels = recipe.getInt("model.head_channels") > 0 ? recipe.getInt("model.head_channels") : c.channels;
   c.size_weight = recipe.getFloat("model.size_loss_weight");
   c.offset_weight = recipe.getFloat("model.offset_loss_weight");
+  c.class_weight = recipe.getFloat("model.class_loss_weight");
   const int64_t tp = recipe.getInt("parallel.tensor_model_parallel_size");
   if (c.inner_channels % tp != 0) {
     recipe.fail("model.ffn_hidden_size", "the block's inner channels (" + std::to_string(c.inner_channels) +

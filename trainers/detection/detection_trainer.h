@@ -7,7 +7,7 @@
 // model.hidden_size (block and head channels), model.ffn_hidden_size
 // (channels inside a block, the tensor-parallel split; 0: 2 * hidden_size),
 // model.stem_channels, model.size_loss_weight, model.offset_loss_weight,
-// model.max_detections; data.canvas, data.min_items, data.max_items,
+// model.max_detections, model.class_loss_weight; data.canvas, data.min_items, data.max_items,
 // data.min_scale, data.max_scale, data.max_iou, data.eval_size; train.seed
 // seeds the training canvases.
 //
