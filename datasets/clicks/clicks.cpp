@@ -604,8 +604,6 @@ ClicksBestScores ClicksDataset::bestValidationScores() const {
   std::vector<int64_t> sparse(kClicksSparseFeatures), counts(kClicksDenseFeatures),
       history(static_cast<size_t>(options_.history_length));
   std::vector<double> scratch;
-  // logits[k][i]: sample i's logit without term k.
-  std::vector<std::vector<double>> logitsWithout(kTerms, std::vector<double>(static_cast<size_t>(n)));
   ClicksBestScores s;
   s.samples = n;
   for (int64_t i = 0; i < n; ++i) {
@@ -614,21 +612,24 @@ ClicksBestScores ClicksDataset::bestValidationScores() const {
     fill(ClicksSplit::kValidation, i, sparse.data(), counts.data(), history.data(), &length, &probabilities[i], &label,
          scratch);
     labels[i] = label;
-    double terms[kTerms];
-    computeTerms(sparse.data(), counts.data(), history.data(), length, terms, scratch);
-    double full = 0;
-    for (int k = 0; k < kTerms; ++k) full += model_->termWeight[k] * (terms[k] - model_->termMean[k]);
-    for (int k = 0; k < kTerms; ++k) {
-      logitsWithout[k][i] = full - model_->termWeight[k] * (terms[k] - model_->termMean[k]);
-    }
     const double p = probabilities[i];
     s.click_rate += label;
     s.mean_probability += p;
     if (p > 0 && p < 1) s.expected_logloss -= p * std::log(p) + (1 - p) * std::log1p(-p);
   }
   s.auc = rocAuc(probabilities, labels);
-  // AUC depends on the order only: the bias and the positive scale drop out.
-  for (int k = 0; k < kTerms; ++k) s.auc_without_term[k] = rocAuc(logitsWithout[k], labels);
+  // The logit less the bias, without term k; AUC depends on the order only.
+  const std::vector<double> terms = termContributions(ClicksSplit::kValidation, 0, n);
+  std::vector<double> without(static_cast<size_t>(n));
+  for (int k = 0; k < kTerms; ++k) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double* c = &terms[static_cast<size_t>(i * kTerms)];
+      double sum = 0;
+      for (int j = 0; j < kTerms; ++j) sum += j == k ? 0.0 : c[j];
+      without[static_cast<size_t>(i)] = sum;
+    }
+    s.auc_without_term[k] = rocAuc(without, labels);
+  }
   s.logloss = logLoss(probabilities, labels);
   s.expected_logloss /= static_cast<double>(n);
   s.click_rate /= static_cast<double>(n);

@@ -63,7 +63,8 @@ TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
   TempDir tmp;
   const std::string recipe = tmp.write("learn.yaml", kLearnRecipe);
   const std::string dir = tmp.path() + "/dp2";
-  auto r = runPtrain({"run", recipe, "--nproc", "2", "--run-dir", dir}, {"OMP_NUM_THREADS=1"}, 300);
+  auto r = runPtrain({"run", recipe, "--nproc", "2", "--run-dir", dir, "data.term_fit=true"}, {"OMP_NUM_THREADS=1"},
+                     300);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto losses = lossesOf(dir);
   ASSERT_EQ(losses.size(), 300u);
@@ -77,8 +78,19 @@ TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
   EXPECT_GT(eval["eval_auc"].get<double>(), 0.6) << eval.dump();
   EXPECT_LT(eval["eval_auc"].get<double>(), eval["best_auc"].get<double>() + 0.01) << eval.dump();
   EXPECT_GT(eval["best_auc"].get<double>(), 0.7) << eval.dump();
-  // The ground truth's line is printed beside the run.
+  // The ground truth's line is printed beside the run, with what each term is worth.
   EXPECT_NE(r.output.find("ground truth on 4000 validation samples"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ground truth without each term (AUC): first order 0."), std::string::npos) << r.output;
+  // data.term_fit: a model that learned something carries part of the
+  // ground truth's logit, the first-order term (the easiest) among it.
+  for (const char* k : {"fit_first_order", "fit_pairwise", "fit_user_item", "fit_interest_category", "fit_dense",
+                        "fit_dense_item", "fit_attention", "fit_r2"}) {
+    ASSERT_TRUE(eval.contains(k)) << k << " missing in " << eval.dump();
+  }
+  std::printf("fit: first order %.3f, r2 %.3f\n", eval["fit_first_order"].get<double>(), eval["fit_r2"].get<double>());
+  EXPECT_GT(eval["fit_r2"].get<double>(), 0.05) << eval.dump();
+  EXPECT_LE(eval["fit_r2"].get<double>(), 1.0) << eval.dump();
+  EXPECT_GT(eval["fit_first_order"].get<double>(), 0.05) << eval.dump();
 }
 
 namespace {

@@ -49,6 +49,15 @@ at::Tensor perfectOutputs(const Batch& batch) {
   return torch::cat({logits, regression.reshape({n, 4, side, side})}, 1);
 }
 
+// 64-pixel canvases of at most 3 items up to 1.25x: a few cells a side.
+datasets::MosaicOptions smallMosaic() {
+  datasets::MosaicOptions options;
+  options.canvas = 64;
+  options.max_items = 3;
+  options.max_scale = 1.25;
+  return options;
+}
+
 }  // namespace
 
 TEST(DetectionModel, DecodingPerfectOutputsGivesTheGroundTruth) {
@@ -122,10 +131,7 @@ TEST(DetectionModel, ForwardKeepsTheBlockShapeAndCountsObjects) {
   CenterNetConfig config;
   config.num_blocks = 2;
   CenterNetModel model(config);
-  datasets::MosaicOptions options;
-  options.canvas = 64;
-  options.max_items = 3;
-  options.max_scale = 1.25;
+  const datasets::MosaicOptions options = smallMosaic();
   Batch batch = datasets::mosaicBatch(options, datasets::MosaicSplit::kTrain, 0, 4);
   addCenterNetTargets(batch, kClasses, options.canvas);
   at::Tensor hidden = model.embed(batch);
@@ -152,10 +158,7 @@ TEST(DetectionModel, ClassLossIsTheCrossEntropyAtObjectCentres) {
   CenterNetModel a(plain);
   torch::manual_seed(5);
   CenterNetModel b(weighted);
-  datasets::MosaicOptions options;
-  options.canvas = 64;
-  options.max_items = 3;
-  options.max_scale = 1.25;
+  const datasets::MosaicOptions options = smallMosaic();
   Batch batch = datasets::mosaicBatch(options, datasets::MosaicSplit::kTrain, 2, 3);
   addCenterNetTargets(batch, kClasses, options.canvas);
   torch::NoGradGuard noGrad;
@@ -190,10 +193,7 @@ TEST(DetectionModel, BlockStrideEightUpsamplesToTheOutputStride) {
   config.block_stride = 8;
   config.dilations = {1, 2};
   CenterNetModel model(config);
-  datasets::MosaicOptions options;
-  options.canvas = 64;
-  options.max_items = 3;
-  options.max_scale = 1.25;
+  const datasets::MosaicOptions options = smallMosaic();
   Batch batch = datasets::mosaicBatch(options, datasets::MosaicSplit::kTrain, 0, 2);
   addCenterNetTargets(batch, kClasses, options.canvas);
   at::Tensor hidden = model.embed(batch);
@@ -264,10 +264,7 @@ bool same(Rgb a, Rgb b) { return a.r == b.r && a.g == b.g && a.b == b.b; }
 // predictions.png: a valid PNG (read back with zlib) of the canvases, true
 // boxes green, a detection of the right class blue, of the wrong class red.
 TEST(DetectionPicture, PngOfCanvasesWithTrueAndDetectedBoxes) {
-  datasets::MosaicOptions options;
-  options.canvas = 64;
-  options.max_items = 3;
-  options.max_scale = 1.25;
+  const datasets::MosaicOptions options = smallMosaic();
   const datasets::MosaicSample first = datasets::mosaicSample(options, datasets::MosaicSplit::kValidation, 0);
   const datasets::MosaicBox& b = first.boxes.at(0);
   GroundTruth truth;
