@@ -162,6 +162,10 @@ TEST(RecommenderTrainer, RefusesKeysOfOtherTrainersInOneLine) {
     const std::string key = bad.substr(0, bad.find('='));
     EXPECT_NE(r.output.find(key), std::string::npos) << r.output;
   }
+  // The term fit needs an evaluation set it can fit on: one line, before any worker starts.
+  auto fit = runPtrain({"check", recipe, "data.term_fit=true", "data.eval_size=50"}, {}, 120);
+  EXPECT_EQ(fit.exit_code, 2) << fit.output;
+  EXPECT_NE(fit.output.find("data.term_fit: needs data.eval_size >= 200"), std::string::npos) << fit.output;
   // Experts under tensor parallelism split each micro-batch over the tensor ranks.
   auto r = runPtrain({"check", recipe, "--nproc", "2", "parallel.tensor_model_parallel_size=2",
                       "parallel.sequence_parallel=true", "train.global_batch_size=9"},

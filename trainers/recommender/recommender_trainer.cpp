@@ -21,6 +21,9 @@ using datasets::ClicksSplit;
 
 namespace {
 
+// data.term_fit's smallest evaluation set.
+constexpr int64_t kTermFitMinSamples = 200;
+
 // Validation samples scored in one forward pass: bounds evaluation's memory
 // whatever data.eval_size is (rounded up to a multiple of tp, which splits
 // the samples around the experts).
@@ -218,6 +221,13 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   const int64_t evalSize = recipe.getInt("data.eval_size");
   const bool termFit = recipe.getBool("data.term_fit");
+  // The fit has 8 unknowns; with fewer samples than a few hundred its
+  // coefficients say nothing (and below 8 it has no answer).
+  if (termFit && evalSize < kTermFitMinSamples) {
+    recipe.fail("data.term_fit", "needs data.eval_size >= " + std::to_string(kTermFitMinSamples) +
+                                     " validation samples to fit the model's logits on the 7 terms (it is " +
+                                     std::to_string(evalSize) + "); raise data.eval_size or set data.term_fit: false");
+  }
   data.validation_size = std::max<int64_t>(1, evalSize);
   if (auto problem = datasets::checkClicksOptions(data)) recipe.fail("data", *problem);
 
