@@ -184,6 +184,27 @@ TEST(DetectionModel, ClassLossIsTheCrossEntropyAtObjectCentres) {
   EXPECT_NEAR(lossB - lossA, 0.5 * crossEntropy, 1e-4 * std::abs(crossEntropy));
 }
 
+// The head's phase-split path is the 3x3 convolution of the nearest-upsampled
+// map, values and gradients, against libtorch's own upsample and conv2d.
+TEST(DetectionModel, PhaseSplitUpsampleConvEqualsUpsampleThenConv) {
+  torch::manual_seed(9);
+  const auto f64 = torch::TensorOptions(torch::kFloat64);
+  at::Tensor x = torch::randn({2, 5, 6, 7}, f64).requires_grad_(true);
+  at::Tensor weight = torch::randn({4, 5, 3, 3}, f64).requires_grad_(true);
+  at::Tensor bias = torch::randn({4}, f64).requires_grad_(true);
+  at::Tensor fast = upsampleTwiceThenConv3x3(x, weight, bias);
+  at::Tensor reference =
+      torch::conv2d(torch::upsample_nearest2d(x, {12, 14}), weight, bias, /*stride=*/1, /*padding=*/1);
+  ASSERT_EQ(fast.sizes(), reference.sizes());
+  EXPECT_LT((fast - reference).abs().max().item<double>(), 1e-12);
+  at::Tensor upstream = torch::randn(reference.sizes(), f64);
+  auto gradsFast = torch::autograd::grad({fast}, {x, weight, bias}, {upstream});
+  auto gradsReference = torch::autograd::grad({reference}, {x, weight, bias}, {upstream});
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT((gradsFast[i] - gradsReference[i]).abs().max().item<double>(), 1e-10) << i;
+  }
+}
+
 // At block stride 8 the blocks run at half the side with dilations, and the
 // head still answers at stride 4.
 TEST(DetectionModel, BlockStrideEightUpsamplesToTheOutputStride) {

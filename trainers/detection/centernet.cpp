@@ -142,7 +142,36 @@ CenterNetHeadImpl::CenterNetHeadImpl(const CenterNetConfig& c) {
   out = register_module("out", torch::nn::Conv2d(convOptions(c.head_channels, c.classes + 4, 1, 1)));
 }
 
+at::Tensor upsampleTwiceThenConv3x3(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // Output pixel (2i + a, 2j + b) of the 3x3 convolution (padding 1) over the
+  // nearest-upsampled map reads low-resolution rows i - 1, i when a = 0 (with
+  // kernel rows 0 and 1 + 2) and rows i, i + 1 when a = 1 (kernel rows 0 + 1
+  // and 2), and the same for columns: four 2x2 convolutions over the
+  // low-resolution map, 16 multiply-adds per input channel for each 2x2 block
+  // of outputs instead of 36.
+  const auto options = weight.options();
+  const at::Tensor taps[2] = {torch::tensor({1.0, 0.0, 0.0, 0.0, 1.0, 1.0}, options).reshape({2, 3}),
+                              torch::tensor({1.0, 1.0, 0.0, 0.0, 0.0, 1.0}, options).reshape({2, 3})};
+  const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+  // One pixel of zero padding at low resolution is the upsampled map's padding;
+  // phase (a, b) reads the (h + 1) x (w + 1) window starting at row a, column b.
+  const at::Tensor padded = torch::constant_pad_nd(x, {1, 1, 1, 1}, 0);
+  std::vector<at::Tensor> phases;
+  for (int a = 0; a < 2; ++a) {
+    for (int b = 0; b < 2; ++b) {
+      const at::Tensor kernel = torch::einsum("ry,ocyx,sx->ocrs", {taps[a], weight, taps[b]});
+      phases.push_back(torch::conv2d(padded.narrow(2, a, h + 1).narrow(3, b, w + 1), kernel, bias));
+    }
+  }
+  // [n, o, a, b, h, w] -> [n, o, h, a, w, b] = [n, o, 2h, 2w].
+  return torch::stack(phases, 2)
+      .view({n, weight.size(0), 2, 2, h, w})
+      .permute({0, 1, 4, 2, 5, 3})
+      .reshape({n, weight.size(0), 2 * h, 2 * w});
+}
+
 at::Tensor CenterNetHeadImpl::forward(const at::Tensor& x) {
+  if (upsample == 2) return out(torch::relu(upsampleTwiceThenConv3x3(x, features->weight, features->bias)));
   at::Tensor in = x;
   if (upsample > 1) {
     in = torch::upsample_nearest2d(x, {x.size(2) * upsample, x.size(3) * upsample});
