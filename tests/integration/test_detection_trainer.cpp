@@ -89,6 +89,8 @@ TEST(DetectionTrainer, DataParallelRunLearnsAndReportsCocoMetrics) {
   const std::string dir = tmp.path() + "/dp2";
   auto r = runPtrain({"run", recipe, "--nproc", "2", "--run-dir", dir}, {"OMP_NUM_THREADS=1"}, 300);
   expectTrainsAndEvaluates(dir, r);
+  // The run summary's throughput counts canvases.
+  EXPECT_NE(r.output.find("images/s"), std::string::npos) << r.output;
 }
 
 TEST(DetectionTrainer, TensorParallelRunLearnsAndReportsCocoMetrics) {

@@ -81,6 +81,9 @@ TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
   // The ground truth's line is printed beside the run, with what each term is worth.
   EXPECT_NE(r.output.find("ground truth on 4000 validation samples"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ground truth without each term (AUC): first order 0."), std::string::npos) << r.output;
+  // Throughput in the trainer's unit: samples, not tokens.
+  EXPECT_NE(r.output.find(" samples/s"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("tok/s"), std::string::npos) << r.output;
   // data.term_fit: a model that learned something carries part of the
   // ground truth's logit, the first-order term (the easiest) among it.
   for (const char* k : {"fit_first_order", "fit_pairwise", "fit_user_item", "fit_interest_category", "fit_dense",

@@ -47,10 +47,10 @@ std::map<int, StepRecord> readLosses(const std::string& runDir) {
 }
 
 ptrain::test::ProcessResult train(const std::string& recipe, const std::string& runDir, int nproc,
-                                  std::vector<std::string> extra = {}) {
+                                  std::vector<std::string> extra = {}, const std::vector<std::string>& env = {}) {
   std::vector<std::string> args{"run", recipe, "--nproc", std::to_string(nproc), "--run-dir", runDir};
   args.insert(args.end(), extra.begin(), extra.end());
-  return runPtrain(args, {}, 400);
+  return runPtrain(args, env, 400);
 }
 
 }  // namespace
@@ -77,15 +77,16 @@ TEST(Training, DataParallelMatchesSingleProcess) {
 }
 
 // ptrain's host kernels and caching allocator against libtorch's ops and
-// malloc: the same training curve. With two intra-op threads (one process on
-// the 2-core machine), so the kernels really split their products.
+// malloc: the same training curve. With two intra-op threads (the suite runs
+// with OMP_NUM_THREADS=1, which the worker would follow), so the kernels
+// really split their products.
 TEST(Training, HostKernelsAndAllocatorMatchLibtorch) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);
   const std::string mine = tmp.path() + "/ptrain", ref = tmp.path() + "/libtorch";
-  auto r = train(recipe, mine, 1, {"cpu.kernels=ptrain", "cpu.allocator=caching"});
+  auto r = train(recipe, mine, 1, {"cpu.kernels=ptrain", "cpu.allocator=caching"}, {"OMP_NUM_THREADS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = train(recipe, ref, 1, {"cpu.kernels=libtorch", "cpu.allocator=system"});
+  r = train(recipe, ref, 1, {"cpu.kernels=libtorch", "cpu.allocator=system"}, {"OMP_NUM_THREADS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto a = readLosses(mine), b = readLosses(ref);
   ASSERT_EQ(a.size(), 20u);

@@ -328,7 +328,28 @@ int coresFromNproc() {
   return n;
 }
 
+// Sets (or, with nullopt, unsets) OMP_NUM_THREADS for one scope; the suite
+// itself usually runs with OMP_NUM_THREADS=1.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(const std::optional<std::string>& value) {
+    if (const char* v = std::getenv("OMP_NUM_THREADS")) saved_ = v;
+    if (value) setenv("OMP_NUM_THREADS", value->c_str(), 1);
+    else unsetenv("OMP_NUM_THREADS");
+  }
+  ~ScopedOmpThreads() {
+    if (saved_) setenv("OMP_NUM_THREADS", saved_->c_str(), 1);
+    else unsetenv("OMP_NUM_THREADS");
+  }
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
 TEST(RankEnv, IntraOpThreadsAreCoresPerLocalRank) {
+  ScopedOmpThreads unset(std::nullopt);
   const int cores = coresFromNproc();
   ASSERT_GT(cores, 0);
   const int before = at::get_num_threads();
@@ -341,6 +362,26 @@ TEST(RankEnv, IntraOpThreadsAreCoresPerLocalRank) {
   const int expected = cores >= 64 ? cores / 64 : 1;
   EXPECT_EQ(ptrain::configureIntraOpThreads(many), expected);
   EXPECT_EQ(at::get_num_threads(), expected);
+  at::set_num_threads(before);
+}
+
+// OMP_NUM_THREADS, where it is a whole number, is the count; anything else
+// in it leaves the cores-per-rank rule.
+TEST(RankEnv, IntraOpThreadsFollowOmpNumThreads) {
+  const int before = at::get_num_threads();
+  RankEnv many;
+  many.local_world_size = 64;
+  {
+    ScopedOmpThreads three("3");
+    EXPECT_EQ(ptrain::configureIntraOpThreads(many), 3);
+    EXPECT_EQ(at::get_num_threads(), 3);
+  }
+  const int cores = coresFromNproc();
+  ASSERT_GT(cores, 0);
+  for (const char* bad : {"0", "-2", "two", ""}) {
+    ScopedOmpThreads ignored(std::string{bad});
+    EXPECT_EQ(ptrain::configureIntraOpThreads(many), cores >= 64 ? cores / 64 : 1) << "'" << bad << "'";
+  }
   at::set_num_threads(before);
 }
 

@@ -43,7 +43,8 @@ class DetectionTrainer : public Trainer {
   // Objects in the batch: the loss is normalised by their number.
   double lossCount(const Batch& batch) const override;
   // Canvases (samples) in the batch.
-  double tokensIn(const Batch& batch) const override;
+  double tokensIn(const Batch& batch) const override;  // canvases
+  const char* throughputUnit() const override { return "images"; }
   // eval_map (AP@[.5:.95]), eval_map50, eval_map75, eval_ar100 of the
   // decoded detections on validation canvases 0..eval_size-1, and eval_loss.
   // Each data-parallel rank decodes a contiguous shard; the fixed-size

@@ -56,6 +56,7 @@ class RecommenderTrainer : public Trainer {
   // Training samples step * size .. step * size + size - 1 (ClicksDataset::batch).
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
   double tokensIn(const Batch& batch) const override;  // samples
+  const char* throughputUnit() const override { return "samples"; }
   // eval_auc and eval_logloss of the click probabilities on validation
   // samples 0..eval_size-1 (every data-parallel shard's probabilities summed
   // into one tensor, so every rank scores all of them exactly), eval_loss (the

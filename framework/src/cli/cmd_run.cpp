@@ -52,7 +52,7 @@ void printSummary(const TrainSummary& s, const std::string& runDir) {
   std::printf("  %-22s %lld\n", "steps", static_cast<long long>(s.steps));
   std::printf("  %-22s %.4f\n", "final loss", s.final_loss);
   for (const auto& [k, v] : s.eval) std::printf("  %-22s %.4f\n", k.c_str(), v);
-  std::printf("  %-22s %.0f\n", "tokens/s", s.tokens_per_s);
+  std::printf("  %-22s %.0f\n", (s.throughput_unit + "/s").c_str(), s.tokens_per_s);
   std::printf("  %-22s %.1f s\n", "wall time", s.wall_s);
   std::fflush(stdout);
 }

@@ -299,6 +299,15 @@ bool isWorkerProcess() {
 }
 
 int configureIntraOpThreads(const RankEnv& rankEnv) {
+  // The user's own count wins, as in PyTorch: OMP_NUM_THREADS=1 pins every
+  // rank to one thread whatever the host has.
+  if (auto requested = env("OMP_NUM_THREADS")) {
+    const auto n = toLong(*requested);
+    if (n && *n >= 1 && *n <= 4096) {
+      at::set_num_threads(static_cast<int>(*n));
+      return static_cast<int>(*n);
+    }
+  }
   int cores = 0;
   // The affinity mask, not the machine: under taskset, cgroups cpusets or
   // Slurm's --cpus-per-task a rank may only use part of the host.

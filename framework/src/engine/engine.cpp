@@ -147,7 +147,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
     step = session.restoreLatest({runtime.get()});
     if (isRankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
   }
-  Progress progress(isRankZero, recipe.getString("log.progress"), steps, step);
+  Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, trainer.throughputUnit());
 
   auto evaluate = [&]() {
     std::map<std::string, double> result;
@@ -159,6 +159,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
   if (recipe.getBool("log.count_ops")) opCounter.emplace();
 
   TrainSummary summary;
+  summary.throughput_unit = trainer.throughputUnit();
   double tokensTotal = 0, timeTotal = 0;
   while (step < steps) {
     const auto stepStart = Clock::now();

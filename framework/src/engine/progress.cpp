@@ -33,8 +33,13 @@ void MetricsWriter::write(const nlohmann::json& line) {
   out_.flush();
 }
 
-Progress::Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep)
-    : active_(active && mode != "none"), total_(totalSteps), start_(startStep), startTime_(now()) {
+Progress::Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep,
+                   const std::string& unit)
+    : active_(active && mode != "none"),
+      total_(totalSteps),
+      start_(startStep),
+      startTime_(now()),
+      rateLabel_((unit == "tokens" ? std::string("tok") : unit) + "/s") {
   // Under the launcher, stdout is a pipe; it tells rank 0 whether the user's
   // terminal is one.
   const bool tty = std::getenv("PTRAIN_WORKER") ? std::getenv("PTRAIN_PROGRESS_TTY") != nullptr : isatty(1);
@@ -51,13 +56,15 @@ void Progress::update(int64_t step, double loss, double tokensPerSecond, bool lo
     const int filled = static_cast<int>(width * step / std::max<int64_t>(1, total_));
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s ", bar.c_str(), static_cast<long long>(step),
-                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, formatDuration(eta).c_str());
+    std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %.0f %s  ETA %s ", bar.c_str(), static_cast<long long>(step),
+                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, rateLabel_.c_str(),
+                formatDuration(eta).c_str());
     std::fflush(stdout);
     barShown_ = true;
   } else if (logLine) {
-    std::printf("step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s\n", static_cast<long long>(step),
-                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, formatDuration(eta).c_str());
+    std::printf("step %lld/%lld  loss %.4f%s  %.0f %s  ETA %s\n", static_cast<long long>(step),
+                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, rateLabel_.c_str(),
+                formatDuration(eta).c_str());
     std::fflush(stdout);
   }
 }

@@ -24,7 +24,9 @@ class MetricsWriter {
 // mode: auto | bar | lines | none. Inactive on ranks other than 0.
 class Progress {
  public:
-  Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep);
+  // `unit`: what the throughput counts ("tokens" prints as tok/s).
+  Progress(bool active, const std::string& mode, int64_t totalSteps, int64_t startStep,
+           const std::string& unit = "tokens");
   // `logLine`: whether this step is due for a plain line. `extra` follows
   // the loss (e.g. the fp16 loss scale and skipped steps).
   void update(int64_t step, double loss, double tokensPerSecond, bool logLine, const std::string& extra = "");
@@ -39,6 +41,7 @@ class Progress {
   int64_t total_;
   int64_t start_;
   double startTime_;
+  std::string rateLabel_;  // e.g. "tok/s", "samples/s"
   bool barShown_ = false;
 };
 

@@ -59,8 +59,10 @@ PTRAIN_API RankEnv detectRankEnv();
 PTRAIN_API bool isWorkerProcess();
 
 // Sets libtorch's intra-op threads to max(1, cores / local_world_size), where
-// cores are the CPUs this process may run on (sched_getaffinity), and returns
-// the number chosen. Call once per process, before the first parallel op.
+// cores are the CPUs this process may run on (sched_getaffinity), or to
+// OMP_NUM_THREADS where that is a whole number from 1 to 4096 (the user's
+// choice wins; anything else in it is ignored), and returns the number chosen.
+// Call once per process, before the first parallel op.
 PTRAIN_API int configureIntraOpThreads(const RankEnv& env);
 
 // The first host name of a Slurm node list: "node[01-04],gpu7" -> "node01",

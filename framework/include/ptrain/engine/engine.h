@@ -51,7 +51,8 @@ struct TrainSummary {
   int64_t steps = 0;
   double final_loss = 0;
   std::map<std::string, double> eval;  // last evaluation
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // of the trainer's throughputUnit()
+  std::string throughput_unit = "tokens";
   double wall_s = 0;
 };
 

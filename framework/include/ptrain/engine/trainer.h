@@ -61,6 +61,9 @@ class PTRAIN_API Trainer : public Plugin {
   virtual double lossCount(const Batch& batch) const { return static_cast<double>(batch.size()); }
   // Tokens (or samples) in a batch, for throughput figures.
   virtual double tokensIn(const Batch& batch) const = 0;
+  // What tokensIn counts, plural ("tokens", "samples", "images"): the unit of
+  // the progress line's and the run summary's throughput.
+  virtual const char* throughputUnit() const { return "tokens"; }
   // FLOPs of one training step on `tokens` tokens (forward + backward), for MFU.
   virtual double trainFlops(double tokens) const { return 0; }
   // After setup: the model's shape for the planner's cost model (`ptrain
