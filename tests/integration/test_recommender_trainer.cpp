@@ -114,7 +114,7 @@ checkpoint: {every: 0}
 
 }  // namespace
 
-// Tables split over tp 2 and 4 (row-wise and table-wise), the stages cut as the seed
+// Four data-parallel replicas; tables split over tp 2 and 4 (row-wise and table-wise), the stages cut as the seed
 // cuts them (tables, bottom MLP and interaction | attention, experts, top
 // MLP), experts over ep with the samples split over tp around them: the
 // one-rank losses within 1e-5 at step 1 and 1e-4 over 20 steps.
@@ -132,6 +132,9 @@ TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
   const auto one = run("one", "1", {});
   ASSERT_EQ(one.size(), 20u);
   const std::map<std::string, std::map<int, double>> layouts{
+      // Four data-parallel replicas: the tables' gradients summed by
+      // exchanging the rows each replica touched (row_sparse_gradient).
+      {"dp4", run("dp4", "4", {})},
       {"tp2_pp2_ep2", run("tp2_pp2_ep2", "8",
                           {"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2",
                            "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
@@ -142,6 +145,14 @@ TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
                            "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
                            "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true"})},
   };
+  // The dp 4 replicas sent rows, not tables: a step's traffic is below the
+  // parameters' bytes, which an all-reduce of every gradient would send.
+  const auto steps = ptrain::test::readTrainingSteps(tmp.path() + "/dp4");
+  ASSERT_GE(steps.size(), 2u);
+  const double paramBytes = nlohmann::json::parse(steps.at(1))["mem_params"].get<double>();
+  const double sentBytes = nlohmann::json::parse(steps.at(2))["dp_comm_bytes"].get<double>();
+  std::printf("dp4: %.0f bytes exchanged in step 2, parameters %.0f bytes\n", sentBytes, paramBytes);
+  EXPECT_LT(sentBytes, 0.75 * paramBytes);
   for (const auto& [name, losses] : layouts) {
     ASSERT_EQ(losses.size(), one.size()) << name;
     EXPECT_LT(relDiff(losses.at(1), one.at(1)), 1e-5) << name << " step 1";

@@ -164,6 +164,11 @@ RecsysModel::RecsysModel(const RecsysConfig& config, const ModelBuild& build)
       torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
   root_ = RecsysModule(c, build, baseSeed);
   initialise(baseSeed);
+  // A step's table gradients are zero outside the rows it looked up: data
+  // parallelism exchanges those rows instead of all-reducing the tables.
+  for (const auto& item : root_->named_parameters()) {
+    if (item.key().rfind("embed.tables.", 0) == 0) placement.edit(item.key()).row_sparse_gradient = true;
+  }
 }
 
 RecsysModel::~RecsysModel() = default;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace ptrain::detail {
+namespace ptrain {
 
 at::Tensor touchedRows(const at::Tensor& grad) {
   if (!(grad.is_cpu() && grad.scalar_type() == at::kFloat && grad.is_contiguous() && grad.dim() == 2)) {
@@ -30,6 +30,8 @@ at::Tensor touchedRows(const at::Tensor& grad) {
     if (touched[static_cast<size_t>(r)]) index.push_back(r);
   return torch::tensor(index, torch::kInt64);
 }
+
+namespace detail {
 
 void rowwiseAdagradRows(at::Tensor& param, const at::Tensor& grad, at::Tensor& rowSum, double lr, double eps,
                         double weightDecay, double gradScale) {
@@ -65,4 +67,5 @@ void sparseAdamRows(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at
   param.index_copy_(0, rows, p);
 }
 
-}  // namespace ptrain::detail
+}  // namespace detail
+}  // namespace ptrain

@@ -8,10 +8,9 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace ptrain::detail {
+#include "ptrain/engine/row_sparse.h"
 
-// Rows of `grad` [rows, dim] with a value other than zero, ascending (int64).
-at::Tensor touchedRows(const at::Tensor& grad);
+namespace ptrain::detail {
 
 // FBGEMM's exact row-wise Adagrad on the touched rows i, with g = grad_i *
 // gradScale + weightDecay * p_i: rowSum_i += mean(g^2);

@@ -70,6 +70,11 @@ struct PTRAIN_API ParameterPlacement {
   // embedding on the last stage). The copy takes the same gradient and update
   // as the owner's; the owner alone counts it in norms and saves it.
   bool mirror = false;
+  // Only the rows a step reads get a gradient other than zero (an embedding
+  // table [rows, dim]): data parallelism gathers those rows and their indices
+  // from every replica instead of all-reducing the whole tensor (the same
+  // sums). Set by the model that knows it.
+  bool row_sparse_gradient = false;
 
   // The split along `axis`, or nullptr.
   const ShardSpec* shardAlong(GroupKind axis) const;
