@@ -13,9 +13,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "ptrain/engine/optimizer.h"
+#include "ptrain/engine/row_sparse.h"
 
 namespace {
 
@@ -34,6 +36,28 @@ ptrain::OptimizerOptions options(const std::string& sparse) {
 }
 
 double at2(const at::Tensor& t, int64_t i, int64_t j) { return t.index({i, j}).item<double>(); }
+
+// The host scan (bits of each row ORed) finds the rows ne(0).any(1) finds:
+// -0 is zero, NaN, infinities and the smallest subnormal are not; a strided
+// view takes the generic path with the same answer.
+TEST(SparseOptimizer, TouchedRowsAreTheRowsWithAValueOtherThanZero) {
+  at::Tensor g = torch::zeros({9, 5});
+  g.index_put_({1, 4}, -0.0);
+  g.index_put_({2, 0}, std::nan(""));
+  g.index_put_({3, 2}, std::numeric_limits<float>::infinity());
+  g.index_put_({5, 1}, std::numeric_limits<float>::denorm_min());
+  g.index_put_({6, 3}, -1e-30);
+  g.index_put_({8, 4}, 2.0);
+  const at::Tensor expected = torch::tensor({2, 3, 5, 6, 8}, torch::kInt64);
+  EXPECT_TRUE(torch::equal(ptrain::touchedRows(g), expected)) << ptrain::touchedRows(g);
+  EXPECT_TRUE(torch::equal(g.ne(0).any(1).nonzero().squeeze(1), expected));  // libtorch agrees
+  at::Tensor wide = torch::zeros({9, 10});
+  wide.narrow(1, 0, 5).copy_(g);
+  const at::Tensor strided = wide.narrow(1, 0, 5);
+  ASSERT_FALSE(strided.is_contiguous());
+  EXPECT_TRUE(torch::equal(ptrain::touchedRows(strided).cpu(), expected));
+  EXPECT_EQ(ptrain::touchedRows(torch::zeros({4, 3})).numel(), 0);
+}
 
 TEST(SparseOptimizer, RowwiseAdagradMovesOnlyTouchedRowsByTheFormula) {
   at::Tensor table = leaf(torch::tensor({{1., 2.}, {3., 4.}, {5., 6.}, {7., 8.}}));

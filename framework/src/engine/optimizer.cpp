@@ -154,8 +154,11 @@ std::vector<at::Tensor> Optimizer::stateOf(size_t i) const {
 }
 
 void Optimizer::zeroGrad() {
-  for (auto& p : params_) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    at::Tensor& p = params_[k];
+    if (!p.grad().defined()) continue;
+    if (releasesGradient(k)) p.mutable_grad().reset();
+    else p.mutable_grad().zero_();
   }
 }
 
@@ -307,6 +310,8 @@ class SparseRowsAdamW final : public AdamW {
   const char* name() const override { return name_.c_str(); }
 
  protected:
+  bool releasesGradient(size_t index) const override { return sparse_[index]; }
+
   void update(const std::vector<Item>& items, double gradScale, int64_t count) override {
     std::vector<Item> dense;
     for (const Item& item : items) {

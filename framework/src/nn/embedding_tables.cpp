@@ -274,48 +274,101 @@ at::Tensor EmbeddingTablesImpl::tableFromFull(const std::string& name,
   return full.narrow(0, loc.first_row, loc.rows);
 }
 
-at::Tensor EmbeddingTablesImpl::partial(const Request& r) {
-  const size_t t = static_cast<size_t>(r.table);
-  const TableLocation& loc = plan_.tables[t];
-  const at::Tensor& ids = r.ids;
-  PTRAIN_CHECK(!r.pooled || ids.dim() == 2, "embedding table '", options_.tables[t].name,
-               "': pooled ids must be [batch, bag], not ", ids.sizes());
-  std::vector<int64_t> outShape = ids.sizes().vec();
-  if (r.pooled) outShape.pop_back();
-  outShape.push_back(options_.dim);
-
-  at::Tensor weight;
-  at::Tensor local;   // ids as rows of `weight`
-  at::Tensor inside;  // ids this rank holds
-  if (loc.sharding == TableSharding::kRowWise) {
-    weight = row_wise[t];
-    const int64_t rows = weight.size(0);
-    PTRAIN_CHECK(rows * tpSize() == plan_.padded_rows[t], "embedding table '", options_.tables[t].name, "' holds ",
-                 rows, " rows at tp ", tpSize(), ", not ", plan_.padded_rows[t], " / ", tpSize());
-    const int64_t start = static_cast<int64_t>(tpRank()) * rows;
-    inside = (ids >= start).logical_and(ids < start + rows);
-    local = ids - start;
-  } else {
-    const int owner = plan_.ownerOf(t, tpSize());
-    if (owner != tpRank()) return torch::zeros(outShape, table_wise.options());
-    weight = table_wise;
-    const int64_t perRank = plan_.slots / tpSize();
-    PTRAIN_CHECK(weight.size(0) == perRank * plan_.slot_rows, "embedding tables: the table-wise pack holds ",
-                 weight.size(0), " rows at tp ", tpSize(), ", not ", perRank * plan_.slot_rows);
-    // The pack's rows from this rank's first slot on.
-    const int64_t base = loc.first_row - static_cast<int64_t>(owner) * perRank * plan_.slot_rows;
-    inside = ids >= 0;
-    local = ids + base;
+std::vector<at::Tensor> EmbeddingTablesImpl::partials(const std::vector<Request>& requests) {
+  // What each request reads: a parameter and the rows in it.
+  struct Read {
+    at::Tensor weight;   // undefined: another rank owns the table (zeros)
+    at::Tensor local;    // ids as rows of `weight`, outside ids at row 0
+    at::Tensor outside;  // ids this rank does not hold
+    std::vector<int64_t> shape;  // of the result
+  };
+  std::vector<Read> reads(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    const size_t t = static_cast<size_t>(r.table);
+    const TableLocation& loc = plan_.tables[t];
+    const at::Tensor& ids = r.ids;
+    PTRAIN_CHECK(!r.pooled || ids.dim() == 2, "embedding table '", options_.tables[t].name,
+                 "': pooled ids must be [batch, bag], not ", ids.sizes());
+    Read& read = reads[i];
+    read.shape = ids.sizes().vec();
+    if (r.pooled) read.shape.pop_back();
+    read.shape.push_back(options_.dim);
+    at::Tensor inside;  // ids this rank holds
+    if (loc.sharding == TableSharding::kRowWise) {
+      read.weight = row_wise[t];
+      const int64_t rows = read.weight.size(0);
+      PTRAIN_CHECK(rows * tpSize() == plan_.padded_rows[t], "embedding table '", options_.tables[t].name, "' holds ",
+                   rows, " rows at tp ", tpSize(), ", not ", plan_.padded_rows[t], " / ", tpSize());
+      const int64_t start = static_cast<int64_t>(tpRank()) * rows;
+      inside = (ids >= start).logical_and(ids < start + rows);
+      read.local = ids - start;
+    } else {
+      const int owner = plan_.ownerOf(t, tpSize());
+      if (owner != tpRank()) continue;
+      read.weight = table_wise;
+      const int64_t perRank = plan_.slots / tpSize();
+      PTRAIN_CHECK(read.weight.size(0) == perRank * plan_.slot_rows, "embedding tables: the table-wise pack holds ",
+                   read.weight.size(0), " rows at tp ", tpSize(), ", not ", perRank * plan_.slot_rows);
+      // The pack's rows from this rank's first slot on.
+      const int64_t base = loc.first_row - static_cast<int64_t>(owner) * perRank * plan_.slot_rows;
+      inside = ids >= 0;
+      read.local = ids + base;
+    }
+    // Ids elsewhere look up row 0 and are zeroed, so their gradient is zero too.
+    read.outside = inside.logical_not();
+    read.local = read.local.masked_fill(read.outside, 0);
   }
-  // Ids elsewhere look up row 0 and are zeroed, so their gradient is zero too.
-  at::Tensor outside = inside.logical_not();
-  at::Tensor rows = torch::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
-  if (!r.pooled) return rows;
-  at::Tensor sum = rows.sum(1);
-  if (r.pooling == Pooling::kSum) return sum;
-  // Counted from the ids, the same on every rank.
-  at::Tensor count = (ids >= 0).sum(1, /*keepdim=*/true).clamp_min(1).to(sum.scalar_type());
-  return sum / count;
+
+  // One embedding call per parameter, over every request's ids for it.
+  std::vector<at::Tensor> rowsOf(requests.size());
+  std::vector<bool> done(requests.size(), false);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (done[i] || !reads[i].weight.defined()) continue;
+    std::vector<size_t> group;
+    std::vector<at::Tensor> ids;
+    for (size_t j = i; j < requests.size(); ++j) {
+      if (!done[j] && reads[j].weight.defined() && reads[j].weight.is_same(reads[i].weight)) {
+        group.push_back(j);
+        ids.push_back(reads[j].local.reshape({-1}));
+        done[j] = true;
+      }
+    }
+    at::Tensor rows = torch::embedding(reads[i].weight, group.size() == 1 ? ids[0] : torch::cat(ids));
+    int64_t offset = 0;
+    for (size_t j : group) {
+      const int64_t n = reads[j].local.numel();
+      std::vector<int64_t> shape = reads[j].local.sizes().vec();
+      shape.push_back(options_.dim);
+      rowsOf[j] = rows.narrow(0, offset, n).view(shape);
+      offset += n;
+    }
+  }
+
+  std::vector<at::Tensor> out;
+  out.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    const Read& read = reads[i];
+    if (!read.weight.defined()) {
+      out.push_back(torch::zeros(read.shape, table_wise.options()));
+      continue;
+    }
+    at::Tensor rows = rowsOf[i].masked_fill(read.outside.unsqueeze(-1), 0.0);
+    if (!r.pooled) {
+      out.push_back(rows);
+      continue;
+    }
+    at::Tensor sum = rows.sum(1);
+    if (r.pooling == Pooling::kSum) {
+      out.push_back(sum);
+      continue;
+    }
+    // Counted from the ids, the same on every rank.
+    at::Tensor count = (r.ids >= 0).sum(1, /*keepdim=*/true).clamp_min(1).to(sum.scalar_type());
+    out.push_back(sum / count);
+  }
+  return out;
 }
 
 void EmbeddingTablesImpl::checkIds(const std::vector<Request>& requests) const {
@@ -351,9 +404,7 @@ std::vector<at::Tensor> EmbeddingTablesImpl::lookups(const std::vector<Request>&
                "embedding tables built for tensor-parallel rank ", options_.shard_rank, " of ", options_.shard_count,
                " run as rank ", tpRank(), " of ", tpSize());
   checkIds(requests);
-  std::vector<at::Tensor> parts;
-  parts.reserve(requests.size());
-  for (const auto& r : requests) parts.push_back(partial(r));
+  std::vector<at::Tensor> parts = partials(requests);
   if (!parallel() || parts.empty()) return parts;
   // One all-reduce for every request: flattened, concatenated, split again.
   std::vector<at::Tensor> flat;

@@ -195,9 +195,11 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   at::Tensor table_wise;
 
  private:
-  // This rank's contribution to request `r`: [..., dim] (or [B, dim]
-  // pooled), zeros for ids it does not hold.
-  at::Tensor partial(const Request& r);
+  // This rank's contribution to each request: [..., dim] (or [B, dim]
+  // pooled), zeros for ids it does not hold. The requests reading one
+  // parameter (the table-wise pack, a table asked twice) share one embedding
+  // call, so backward builds one dense gradient of it, not one per request.
+  std::vector<at::Tensor> partials(const std::vector<Request>& requests);
   // Throws InternalError for a request of no table, ids that are not int64
   // or out of [-1, rows).
   void checkIds(const std::vector<Request>& requests) const;
