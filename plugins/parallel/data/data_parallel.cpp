@@ -18,8 +18,9 @@
 // tables, whose gradient is zero outside the rows a step looked up) stay out
 // of the buckets: after backward each replica sends the rows it touched and
 // their indices (two all-gathers, padded to the most rows any replica has),
-// and every replica adds all of them into a zeroed gradient. The bytes follow
-// the rows looked up, not the table (about 0.5 MB a step instead of 20 MB for
+// and every replica adds all of them into a zeroed gradient (the row counts
+// of all such parameters travel in one all-gather first). The bytes follow
+// the rows looked up, not the table (0.74 MB a step instead of 20.9 MB for
 // recsys_small's tables).
 //
 // The engine scales each micro-batch loss by 1 / (items in the global batch),
@@ -29,6 +30,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <map>
 
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
@@ -126,7 +128,7 @@ class DataParallel final : public ParallelPlugin {
     }
     // While the buckets' all-reduces run (every member issues the same
     // collectives in the same order: buckets, then these).
-    for (auto& rs : rowSparse_) exchangeRows(rs);
+    if (!rowSparse_.empty()) exchangeRows();
     for (auto& set : sets_) {
       for (auto& b : set.buckets) {
         b.work->wait();
@@ -159,27 +161,53 @@ class DataParallel final : public ParallelPlugin {
     bytesThisStep_ = 0;
   }
 
-  // Sums a row-sparse gradient over its group by exchanging touched rows.
-  void exchangeRows(RowSparseParam& rs) {
-    at::Tensor& p = rs.param;
-    if (!p.mutable_grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    at::Tensor& grad = p.mutable_grad();
+  // Sums the row-sparse gradients over their groups by exchanging touched
+  // rows: one all-gather of every parameter's row count per group, then two
+  // (indices, rows) per parameter.
+  void exchangeRows() {
+    const auto indexOptions = torch::TensorOptions(torch::kInt64).device(device_);
+    std::vector<at::Tensor> touched(rowSparse_.size());
+    for (size_t i = 0; i < rowSparse_.size(); ++i) {
+      at::Tensor& p = rowSparse_[i].param;
+      if (!p.mutable_grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      touched[i] = touchedRows(p.grad());
+    }
+    // Each parameter's counts from every member of its group ([world, n] on the host).
+    std::map<ProcessGroup*, at::Tensor> countsOf;
+    for (size_t i = 0; i < rowSparse_.size(); ++i) {
+      ProcessGroup* group = rowSparse_[i].group.get();
+      if (countsOf.count(group)) continue;
+      std::vector<int64_t> mine;
+      for (size_t j = 0; j < rowSparse_.size(); ++j) {
+        if (rowSparse_[j].group.get() == group) mine.push_back(touched[j].numel());
+      }
+      at::Tensor local = torch::tensor(mine, torch::kInt64).to(device_);
+      at::Tensor all = torch::empty({group->size() * local.numel()}, indexOptions);
+      group->allgather(all, local)->wait();
+      countsOf[group] = all.cpu().view({group->size(), local.numel()});
+      bytesThisStep_ += all.numel() * 8;
+    }
+    std::map<ProcessGroup*, int64_t> column;
+    for (size_t i = 0; i < rowSparse_.size(); ++i) {
+      ProcessGroup* group = rowSparse_[i].group.get();
+      const at::Tensor counts = countsOf.at(group).select(1, column[group]++).contiguous();
+      exchangeRows(rowSparse_[i], touched[i], counts);
+    }
+  }
+
+  void exchangeRows(RowSparseParam& rs, const at::Tensor& rows, const at::Tensor& counts) {
+    at::Tensor& grad = rs.param.mutable_grad();
     const int world = rs.group->size();
     const int64_t dim = grad.size(1);
-    const at::Tensor rows = touchedRows(grad.is_contiguous() ? grad : grad.contiguous());
     const int64_t mine = rows.numel();
-    const auto indexOptions = torch::TensorOptions(torch::kInt64).device(device_);
-    at::Tensor count = torch::full({1}, mine, indexOptions);
-    at::Tensor counts = torch::empty({world}, indexOptions);
-    rs.group->allgather(counts, count)->wait();
-    const at::Tensor hostCounts = counts.cpu();
-    const int64_t most = hostCounts.max().item<int64_t>();
+    const int64_t most = counts.max().item<int64_t>();
     if (most == 0) return;  // no replica touched a row: the gradient is zero everywhere
+    const auto indexOptions = torch::TensorOptions(torch::kInt64).device(device_);
     at::Tensor index = torch::zeros({most}, indexOptions);
     at::Tensor values = torch::zeros({most, dim}, grad.options().device(device_));
     if (mine > 0) {
       index.narrow(0, 0, mine).copy_(rows);
-      values.narrow(0, 0, mine).copy_(grad.index_select(0, rows.to(grad.device())));
+      values.narrow(0, 0, mine).copy_(grad.index_select(0, rows));
     }
     at::Tensor allIndex = torch::empty({world * most}, indexOptions);
     at::Tensor allValues = torch::empty({world * most, dim}, values.options());
@@ -189,14 +217,14 @@ class DataParallel final : public ParallelPlugin {
     valueWork->wait();
     // This replica's gradient is zero outside `rows`: zero those, then add
     // every replica's rows in rank order.
-    if (mine > 0) grad.index_fill_(0, rows.to(grad.device()), 0);
-    const auto* n = hostCounts.data_ptr<int64_t>();
+    if (mine > 0) grad.index_fill_(0, rows, 0);
+    const auto* n = counts.data_ptr<int64_t>();
     for (int r = 0; r < world; ++r) {
       if (n[r] == 0) continue;
       grad.index_add_(0, allIndex.narrow(0, r * most, n[r]).to(grad.device()),
                       allValues.narrow(0, r * most, n[r]).to(grad.device()));
     }
-    bytesThisStep_ += counts.numel() * 8 + allIndex.numel() * 8 + allValues.numel() * allValues.element_size();
+    bytesThisStep_ += allIndex.numel() * 8 + allValues.numel() * allValues.element_size();
   }
 
   void hookParam(const at::Tensor& p, size_t setIndex, size_t bucketIndex) {
