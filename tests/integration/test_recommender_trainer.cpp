@@ -197,3 +197,26 @@ TEST(RecommenderTrainer, CheckOfThe12bRecipePrintsItsParametersPerRank) {
   EXPECT_NE(r.output.find("recommender: 1.202e+10 parameters"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("first stage"), std::string::npos) << r.output;
 }
+
+// The clicks data set's reference learner from the command line: it runs on
+// a small budget and prints its AUC beside the ground truth's; a bad argument
+// gets one line and exit code 2.
+TEST(ClicksReferenceTool, PrintsItsAucAndRefusesBadArgumentsInOneLine) {
+  const std::string tool = ptrain::test::binaryDir() + "/bin/ptrain_clicks_reference";
+  const auto run = ptrain::test::runProcess({tool, "--learn", "pairwise", "--scale", "0.002", "--min-rows", "50",
+                                             "--samples", "2560", "--evaluations", "1", "--eval-size", "2000"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("samples      2560  auc 0."), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("ground truth auc 0."), std::string::npos) << run.output;
+
+  const auto bad = ptrain::test::runProcess({tool, "--learn", "everything"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_EQ(bad.output.rfind("ptrain_clicks_reference: --learn expects pairwise, first_order+pairwise or all, got "
+                             "'everything'\n",
+                             0),
+            0u)
+      << bad.output;
+  const auto few = ptrain::test::runProcess({tool, "--samples", "10"});
+  EXPECT_EQ(few.exit_code, 2) << few.output;
+  EXPECT_NE(few.output.find("need at least one whole batch"), std::string::npos) << few.output;
+}

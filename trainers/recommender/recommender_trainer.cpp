@@ -158,7 +158,7 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
 
   schema.add(key("data.table_sizes", T::kIntList, "",
                  "Rows of the 26 categorical features' tables (user, item, category, interest, then 22 more); not "
-                 "set: the clicks data set's defaults (about 4.2e5 rows in all)."));
+                 "set: the clicks data set's defaults (about 3.0e5 rows in all)."));
   schema.add(atMost(atLeast(key("data.history_length", T::kInt, "8", "Item history slots per sample."), 1), 1024));
   schema.add(atLeast(key("data.min_history", T::kInt, "1", "Fewest valid history items per sample."), 0));
   schema.add(atMost(above(key("data.zipf_exponent", T::kFloat, "1.1", "Zipf exponent of every feature's ids."), 0),

@@ -121,7 +121,7 @@ class ZipfSampler {
 double zipfHarmonic(int64_t n, double s);
 
 // The 26 table sizes of the small recipe: user 1e5, item 5e4, category 1e3,
-// interest 1e3, and the rest between 1e3 and 5e4 rows (about 4.2e5 in all).
+// interest 1e3, and the rest between 1e3 and 5e4 rows (3.03e5 in all).
 std::vector<int64_t> clicksDefaultTableSizes();
 
 // Each size times `factor`, rounded, but never below min(size, min_rows): a
