@@ -3,7 +3,7 @@
 // can N training samples of this data set give at best?", the ceiling to
 // read a recommender recipe's eval_auc against.
 //
-//   build/bin/ptrain_clicks_reference                      recsys_small's data, 3.6e6 samples
+//   build/bin/ptrain_clicks_reference                      recsys_small's data and budget (4.86e6 samples)
 //   build/bin/ptrain_clicks_reference --learn pairwise --scale 0.002 --min-rows 50 --samples 1800000
 #include "ptrain/core/error.h"
 #include "ptrain/datasets/clicks.h"
@@ -27,9 +27,9 @@ constexpr const char* kUsage =
     "                               [--evaluations N] [--seed N]\n"
     "  Trains the hidden model's own form (datasets/clicks_reference.h) on the terms --learn names, with\n"
     "  the others given exactly (all: nothing given), and prints its validation AUC against the ground\n"
-    "  truth's. Defaults: --learn all, recsys_small's data\n"
-    "  (the default tables, train.seed 1234, 20000 validation samples), 3600000 samples of 256, dim 16,\n"
-    "  lr 3e-3. --scale/--min-rows shrink the tables as model.scale/model.min_table_rows do.\n";
+    "  truth's. Defaults: --learn all on recsys_small's data (the default tables, train.seed 1234, 20000\n"
+    "  validation samples) and budget (4864000 samples: 19000 steps of 256), dim 16, lr 3e-3.\n"
+    "  --scale/--min-rows shrink the tables as model.scale/model.min_table_rows do.\n";
 
 [[noreturn]] void usageError(const std::string& message) {
   std::fprintf(stderr, "ptrain_clicks_reference: %s\n%s", message.c_str(), kUsage);
