@@ -90,9 +90,10 @@ at::Tensor rows(const at::Tensor& table, const at::Tensor& ids) {
   return torch::embedding(table, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/true);
 }
 
-// Adam on the rows a step touched, the others left as they are (PyTorch's
-// SparseAdam: moments decay only when a row is seen, bias correction by the
-// global step), so a step costs its rows, not the table.
+// Adam on the rows a step touched, the others left as they are (lazy, as
+// PyTorch's SparseAdam: moments decay only when a row is seen, bias
+// correction by the global step; eps inside as torch::optim::Adam has it),
+// so a step costs its rows, not the table.
 struct LazyAdamTable {
   explicit LazyAdamTable(at::Tensor w) : weight(std::move(w)), m(torch::zeros_like(weight)), v(torch::zeros_like(weight)) {}
 
