@@ -46,6 +46,7 @@ struct Samples {
   at::Tensor given;     // [N] float
   at::Tensor pairwise;  // [N] double
   at::Tensor labels;    // [N] float
+  at::Tensor probabilities;  // [N] double, the hidden model's (validation only)
   at::Tensor dense;     // [N, 13] float, log counts (standardised by the learner)
   at::Tensor history;   // [N, H] int64 rows of the item table (0 on padding)
   at::Tensor mask;      // [N, H] float, 1 on valid history slots
@@ -56,7 +57,13 @@ Samples read(const ClicksDataset& data, ClicksSplit split, int64_t first, int64_
              const std::vector<int64_t>& offsets, ClicksReferenceTerms terms) {
   const ClicksOptions& d = data.options();
   const ClicksExamples e = data.examples(split, first, count);
-  const std::vector<double> contributions = data.termContributions(split, first, count);
+  // The hidden model's terms (drawn again from the samples' features) feed
+  // the given sum and the score of the pairwise part; a training batch that
+  // learns every term needs neither.
+  const bool scored = split == ClicksSplit::kValidation;
+  const std::vector<double> contributions = terms != ClicksReferenceTerms::kAll || scored
+                                                ? data.termContributions(split, first, count)
+                                                : std::vector<double>(static_cast<size_t>(count * kClicksTerms), 0.0);
   std::vector<float> given(static_cast<size_t>(count));
   std::vector<double> pairwise(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
@@ -73,6 +80,7 @@ Samples read(const ClicksDataset& data, ClicksSplit split, int64_t first, int64_
   s.given = torch::tensor(given, torch::kFloat32);
   s.pairwise = torch::tensor(pairwise, torch::kFloat64);
   s.labels = torch::tensor(e.labels, torch::kFloat32);
+  if (scored) s.probabilities = torch::tensor(e.probabilities, torch::kFloat64);
   if (terms == ClicksReferenceTerms::kAll) {
     s.dense = torch::tensor(e.dense, torch::kFloat32).reshape({count, kClicksDenseFeatures});
     const at::Tensor history = torch::tensor(e.history, torch::kInt64).reshape({count, e.history_length});
@@ -240,11 +248,7 @@ ClicksReferenceResult fitClicksReference(const ClicksDataset& data, const Clicks
 
   const Samples validation = read(data, ClicksSplit::kValidation, 0, d.validation_size, offsets, o.terms);
   ClicksReferenceResult result;
-  {
-    const ClicksExamples e = data.examples(ClicksSplit::kValidation, 0, d.validation_size);
-    result.ground_truth_auc = rocAuc(e.probabilities.data(),
-                                     std::vector<double>(e.labels.begin(), e.labels.end()).data(), e.count);
-  }
+  result.ground_truth_auc = auc(validation.probabilities, validation.labels);
   result.given_auc = auc(validation.given, validation.labels);
 
   const int64_t steps = o.samples / o.batch_size;

@@ -11,9 +11,11 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -31,8 +33,9 @@ constexpr const char* kUsage =
     "  validation samples) and budget (4864000 samples: 19000 steps of 256), dim 16, lr 3e-3.\n"
     "  --scale/--min-rows shrink the tables as model.scale/model.min_table_rows do.\n";
 
+// One line, exit code 2: the command saves nothing, so nothing is lost.
 [[noreturn]] void usageError(const std::string& message) {
-  std::fprintf(stderr, "ptrain_clicks_reference: %s\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "ptrain_clicks_reference: %s\n", message.c_str());
   std::exit(2);
 }
 
@@ -48,7 +51,8 @@ double number(int& i, int argc, char** argv) {
 int64_t whole(int& i, int argc, char** argv) {
   const std::string flag = argv[i];
   const double v = number(i, argc, argv);
-  if (v != static_cast<double>(static_cast<int64_t>(v))) usageError(flag + " expects a whole number");
+  // 2^62 bounds every count this command takes, and keeps the cast defined.
+  if (!(std::abs(v) < 4.6e18) || v != std::floor(v)) usageError(flag + " expects a whole number below 4.6e18");
   return static_cast<int64_t>(v);
 }
 
@@ -96,7 +100,7 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else {
-      usageError("unknown argument '" + a + "'");
+      usageError("unknown argument '" + a + "' (--help lists the options)");
     }
   }
   try {
@@ -118,6 +122,8 @@ int main(int argc, char** argv) {
                 result.ground_truth_auc, result.given_auc, result.points.back().auc);
   } catch (const ptrain::ConfigError& e) {
     usageError(e.what());
+  } catch (const std::invalid_argument& e) {  // rocAuc: a validation set of one class
+    usageError(std::string(e.what()) + "; raise --eval-size");
   }
   return 0;
 }
