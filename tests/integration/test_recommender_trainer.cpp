@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptrain/datasets/clicks.h"
 #include "support/test_support.h"
 
 using ptrain::test::runPtrain;
@@ -188,6 +189,33 @@ TEST(RecommenderTrainer, RefusesKeysOfOtherTrainersInOneLine) {
   EXPECT_NE(r.output.find("train.global_batch_size"), std::string::npos) << r.output;
 }
 
+// recsys_small's data keys (26 tables of 1000 rows, Zipf 1.2, a hidden model
+// of width 2) reach the data set: the ground truth the run prints is the one
+// the data set gives for that world, built here in the test's own process,
+// and not the default world's.
+TEST(RecommenderTrainer, TheSmallRecipesDataKeysSetTheWorldItsGroundTruthIsFor) {
+  ptrain::datasets::ClicksOptions world;
+  world.table_sizes.assign(26, 1000);
+  world.zipf_exponent = 1.2;
+  world.hidden_dim = 2;
+  world.validation_size = 2000;
+  const std::string expected =
+      ptrain::datasets::clicksBestScoresLine(ptrain::datasets::ClicksDataset(world).bestValidationScores());
+  ptrain::datasets::ClicksOptions defaults;
+  defaults.validation_size = 2000;
+  const std::string defaultWorld =
+      ptrain::datasets::clicksBestScoresLine(ptrain::datasets::ClicksDataset(defaults).bestValidationScores());
+  ASSERT_NE(expected, defaultWorld);
+
+  TempDir tmp;
+  auto r = runPtrain({"run", std::string(PTRAIN_SOURCE_DIR) + "/configs/recommender/recsys_small.yaml", "--nproc",
+                      "1", "--run-dir", tmp.path() + "/run", "train.steps=2", "train.eval_every=0",
+                      "data.eval_size=2000"},
+                     {"OMP_NUM_THREADS=1"}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+}
+
 TEST(RecommenderTrainer, CheckOfThe12bRecipePrintsItsParametersPerRank) {
   auto r = runPtrain({"check", std::string(PTRAIN_SOURCE_DIR) + "/configs/recommender/recsys_12b_tp4_pp2_ep2.yaml"},
                      {}, 120);
@@ -216,6 +244,21 @@ TEST(ClicksReferenceTool, PrintsItsAucAndRefusesBadArgumentsInOneLine) {
                              0),
             0u)
       << bad.output;
+  // The data world's flags: 26 tables of 50 rows, a hidden model of width 2.
+  std::string sizes = "50";
+  for (int t = 1; t < 26; ++t) sizes += ",50";
+  const auto world = ptrain::test::runProcess({tool, "--table-sizes", sizes, "--zipf-exponent", "1.2", "--hidden-dim",
+                                               "2", "--samples", "256", "--evaluations", "1", "--eval-size", "2000"});
+  ASSERT_EQ(world.exit_code, 0) << world.output;
+  EXPECT_NE(world.output.find("clicks reference: 1300 rows in 26 tables"), std::string::npos) << world.output;
+  const auto twoTables = ptrain::test::runProcess({tool, "--table-sizes", "10,20"});
+  EXPECT_EQ(twoTables.exit_code, 2) << twoTables.output;
+  EXPECT_NE(twoTables.output.find("table_sizes has 2 entries"), std::string::npos) << twoTables.output;
+  EXPECT_EQ(std::count(twoTables.output.begin(), twoTables.output.end(), '\n'), 1) << twoTables.output;
+  const auto notANumber = ptrain::test::runProcess({tool, "--table-sizes", "10,x"});
+  EXPECT_EQ(notANumber.exit_code, 2) << notANumber.output;
+  EXPECT_NE(notANumber.output.find("--table-sizes expects a whole number below 4.6e18, got 'x'"), std::string::npos)
+      << notANumber.output;
   const auto few = ptrain::test::runProcess({tool, "--samples", "10"});
   EXPECT_EQ(few.exit_code, 2) << few.output;
   EXPECT_NE(few.output.find("need at least one whole batch"), std::string::npos) << few.output;

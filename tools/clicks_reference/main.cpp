@@ -3,7 +3,9 @@
 // can N training samples of this data set give at best?", the ceiling to
 // read a recommender recipe's eval_auc against.
 //
-//   build/bin/ptrain_clicks_reference                      recsys_small's data and budget (4.86e6 samples)
+//   build/bin/ptrain_clicks_reference                      the default world, 4.86e6 samples
+//   build/bin/ptrain_clicks_reference --table-sizes 1000,...,1000 --zipf-exponent 1.2 --hidden-dim 2
+//       --samples 10240000                                 recsys_small's world and budget (one line)
 //   build/bin/ptrain_clicks_reference --learn pairwise --scale 0.002 --min-rows 50 --samples 1800000
 #include "ptrain/core/error.h"
 #include "ptrain/datasets/clicks.h"
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -26,12 +29,17 @@ using ptrain::datasets::ClicksReferenceOptions;
 constexpr const char* kUsage =
     "usage: ptrain_clicks_reference [--learn pairwise|first_order+pairwise|all] [--samples N] [--batch-size N]\n"
     "                               [--dim N] [--lr X] [--scale X] [--min-rows N] [--eval-size N]\n"
-    "                               [--evaluations N] [--seed N]\n"
+    "                               [--evaluations N] [--seed N] [--table-sizes N,N,...] [--zipf-exponent X]\n"
+    "                               [--hidden-dim N] [--logit-std X]\n"
     "  Trains the hidden model's own form (datasets/clicks_reference.h) on the terms --learn names, with\n"
     "  the others given exactly (all: nothing given), and prints its validation AUC against the ground\n"
-    "  truth's. Defaults: --learn all on recsys_small's data (the default tables, train.seed 1234, 20000\n"
-    "  validation samples) and budget (4864000 samples: 19000 steps of 256), dim 16, lr 3e-3.\n"
-    "  --scale/--min-rows shrink the tables as model.scale/model.min_table_rows do.\n";
+    "  truth's. Defaults: --learn all on the data set's default world (the default tables, Zipf 1.1,\n"
+    "  hidden width 8; train.seed 1234, 20000 validation samples), 4864000 samples (19000 steps of 256),\n"
+    "  dim 16, lr 3e-3. recsys_small's world: --table-sizes with 26 x 1000, --zipf-exponent 1.2,\n"
+    "  --hidden-dim 2; its budget --samples 10240000.\n"
+    "  --scale/--min-rows shrink the tables as model.scale/model.min_table_rows do; --table-sizes,\n"
+    "  --zipf-exponent, --hidden-dim and --logit-std set the data world as the data.* keys of the same\n"
+    "  names do.\n";
 
 // One line, exit code 2: the command saves nothing, so nothing is lost.
 [[noreturn]] void usageError(const std::string& message) {
@@ -48,12 +56,36 @@ double number(int& i, int argc, char** argv) {
   return v;
 }
 
+// 2^62 bounds every count this command takes, and keeps the cast defined.
+int64_t wholeOrExit(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(std::abs(v) < 4.6e18) || v != std::floor(v)) {
+    usageError(flag + " expects a whole number below 4.6e18, got '" + text + "'");
+  }
+  return static_cast<int64_t>(v);
+}
+
 int64_t whole(int& i, int argc, char** argv) {
   const std::string flag = argv[i];
-  const double v = number(i, argc, argv);
-  // 2^62 bounds every count this command takes, and keeps the cast defined.
-  if (!(std::abs(v) < 4.6e18) || v != std::floor(v)) usageError(flag + " expects a whole number below 4.6e18");
-  return static_cast<int64_t>(v);
+  if (i + 1 >= argc) usageError(flag + " needs a value");
+  return wholeOrExit(flag, argv[++i]);
+}
+
+// "1000,500,..." -> sizes; the data set checks the count and the range.
+std::vector<int64_t> wholeList(int& i, int argc, char** argv) {
+  const std::string flag = argv[i];
+  if (i + 1 >= argc) usageError(flag + " needs a value");
+  const std::string text = argv[++i];
+  std::vector<int64_t> values;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    values.push_back(wholeOrExit(flag, text.substr(start, comma == std::string::npos ? comma : comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return values;
 }
 
 const char* learned(ptrain::datasets::ClicksReferenceTerms terms) {
@@ -96,6 +128,10 @@ int main(int argc, char** argv) {
     else if (a == "--eval-size") data.validation_size = whole(i, argc, argv);
     else if (a == "--evaluations") o.evaluations = whole(i, argc, argv);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(whole(i, argc, argv));
+    else if (a == "--table-sizes") data.table_sizes = wholeList(i, argc, argv);
+    else if (a == "--zipf-exponent") data.zipf_exponent = number(i, argc, argv);
+    else if (a == "--hidden-dim") data.hidden_dim = whole(i, argc, argv);
+    else if (a == "--logit-std") data.logit_std = number(i, argc, argv);
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

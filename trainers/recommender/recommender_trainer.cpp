@@ -168,6 +168,11 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
                                 "higher best AUC."),
                             0),
                     20));
+  schema.add(atMost(atLeast(key("data.hidden_dim", T::kInt, "8",
+                                "Embedding width of the hidden model (the rank of its dot-product terms): lower, "
+                                "fewer unknowns per id and a problem learnable from fewer samples."),
+                            1),
+                    64));
   schema.add(atMost(above(key("data.click_rate", T::kFloat, "0.25", "Mean click probability."), 0), 1));
   schema.add(atLeast(key("data.world_seed", T::kInt, std::to_string(datasets::kClicksWorldSeed),
                          "Seed of the hidden ground-truth model (the same for training and validation)."),
@@ -217,6 +222,7 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   data.zipf_exponent = recipe.getFloat("data.zipf_exponent");
   data.logit_std = recipe.getFloat("data.logit_std");
   data.click_rate = recipe.getFloat("data.click_rate");
+  data.hidden_dim = recipe.getInt("data.hidden_dim");
   data.world_seed = static_cast<uint64_t>(recipe.getInt("data.world_seed"));
   data.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   const int64_t evalSize = recipe.getInt("data.eval_size");

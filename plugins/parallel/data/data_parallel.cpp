@@ -21,7 +21,7 @@
 // and every replica adds all of them into a zeroed gradient (the row counts
 // of all such parameters travel in one all-gather first). The bytes follow
 // the rows looked up, not the table (0.74 MB a step instead of 20.9 MB for
-// recsys_small's tables).
+// the clicks data set's default tables).
 //
 // The engine scales each micro-batch loss by 1 / (items in the global batch),
 // so the sum over data-parallel ranks is exactly the single-rank gradient.
