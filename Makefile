@@ -19,7 +19,11 @@ else
   $(error TORCH=$(TORCH): expected debian or pypi)
 endif
 
-.PHONY: all deps configure build test run bench clean
+# `make bench` runs every section; `make bench scale` (or any of these names
+# after `bench`) only those.
+BENCH_SECTIONS := eager tensor pipeline fusion moe memory shares calibration recommender scale
+
+.PHONY: all deps configure build test run bench clean $(BENCH_SECTIONS)
 
 all: build
 
@@ -42,7 +46,10 @@ run: build
 
 bench: build
 	cmake --build $(BUILD) -j $(JOBS) --target ptrain_bench
-	$(BUILD)/bin/ptrain_bench
+	$(BUILD)/bin/ptrain_bench $(filter $(BENCH_SECTIONS),$(MAKECMDGOALS))
+
+$(BENCH_SECTIONS):
+	@:
 
 clean:
 	rm -rf $(BUILD)

@@ -196,9 +196,14 @@ std::vector<ArithmeticProblem> ArithmeticDataset::evalProblems() const {
 
 Batch ArithmeticDataset::trainBatch(int64_t step, int64_t size) const {
   PTRAIN_CHECK(size >= 0, "arithmetic dataset: batch size ", size, " is negative");
+  return trainRows(step, 0, size);
+}
+
+Batch ArithmeticDataset::trainRows(int64_t step, int64_t begin, int64_t end) const {
+  PTRAIN_CHECK(begin >= 0 && end >= begin, "arithmetic dataset: rows [", begin, ", ", end, ") of a batch");
   std::vector<ArithmeticProblem> problems;
-  problems.reserve(static_cast<size_t>(size));
-  for (int64_t i = 0; i < size; ++i) problems.push_back(trainProblem(step, i));
+  problems.reserve(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) problems.push_back(trainProblem(step, i));
   return batchOf(problems);
 }
 

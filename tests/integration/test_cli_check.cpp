@@ -288,5 +288,23 @@ TEST(CliKeys, DocsTableMatchesKeysMarkdown) {
          "`ptrain keys --markdown`";
 }
 
+// A model whose tensor-parallel layer allocates its weight whole (a fixture
+// trainer) cannot build a rank's slice: refused at tp 2 in one line, before
+// anything runs; at tp 1 it is fine.
+TEST(CliCheck, AModelThatCannotBuildASliceIsRefusedForThatLayout) {
+  TempDir tmp;
+  const std::string recipe = tmp.write("r.yaml", std::string("trainer: {name: whole_layer}\n"
+                                                             "plugins: {paths: [") +
+                                                     PTRAIN_FIXTURE_DIR + "/whole_layer]}\n"
+                                                     "parallel:\n  tensor_model_parallel_size: 2\n"
+                                                     "train: {steps: 1, global_batch_size: 2}\n");
+  expectProblems({recipe, "--nproc", "2"},
+                 {"ptrain: " + recipe + ":4:3: parallel.tensor_model_parallel_size: the model cannot build a slice of "
+                  "parameter 'layer.weight': its layer allocates it whole, so every rank would hold all of it (build "
+                  "it from ptrain::nn layers, or register it with nn::splittableParameter)"});
+  test::ProcessResult r = runPtrain({"check", recipe, "--nproc", "1", "parallel.tensor_model_parallel_size=1"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace ptrain

@@ -107,7 +107,7 @@ TEST(ExpertParallelConfigs, GptMoeEp2ReachesTheQuickstartAccuracy) {
                      {}, 900);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json eval = lastEval(dir);
-  EXPECT_EQ(eval["step"].get<int>(), 3000) << r.output;
+  EXPECT_EQ(eval["step"].get<int>(), 4000) << r.output;
   EXPECT_GE(eval["eval_exact_match"].get<double>(), 0.9) << r.output;
 }
 

@@ -83,7 +83,9 @@ TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
     }
   }
   EXPECT_EQ(trainingLines, 2);
-  EXPECT_TRUE(fs::exists(grpo + "/checkpoints/step_2/actor.model.safetensors"));
+  // The actor alone, in shards (rank 0 owns at least its first tensor-parallel slices).
+  EXPECT_TRUE(fs::exists(grpo + "/checkpoints/step_2/actor.rank00000.safetensors"));
+  EXPECT_FALSE(fs::exists(grpo + "/checkpoints/step_2/rollout.rank00000.safetensors"));
 
   // One step dumped: 4 prompts x 8 samples. Each group's advantages are its
   // rewards standardised (std as torch.std, unbiased), recomputed here.

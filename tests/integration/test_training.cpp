@@ -102,7 +102,7 @@ TEST(Training, ResumeContinuesBitForBit) {
   auto r = train(recipe, full, 2, {"checkpoint.every=10"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto reference = readLosses(full);
-  ASSERT_TRUE(fs::exists(full + "/checkpoints/step_10/model.safetensors"));
+  ASSERT_TRUE(fs::exists(full + "/checkpoints/step_10/index.json"));
   ASSERT_TRUE(fs::exists(full + "/checkpoints/step_20/meta.json"));
 
   // The same run, stopped right after its step-10 checkpoint: keep only that
@@ -186,12 +186,12 @@ TEST(Training, ResumeRefusesCheckpointOfAnotherModelAndKeepsIt) {
   const std::string dir = tmp.path() + "/run";
   auto r = train(recipe, dir, 1, {"train.steps=2", "checkpoint.every=1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string before = ptrain::test::readFile(dir + "/checkpoints/step_2/model.safetensors");
+  const std::string before = ptrain::test::readFile(dir + "/checkpoints/step_2/model.rank00000.safetensors");
   r = train(recipe, dir, 1, {"train.steps=4", "model.hidden_size=64", "--resume"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is from another model"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
-  EXPECT_EQ(ptrain::test::readFile(dir + "/checkpoints/step_2/model.safetensors"), before);
+  EXPECT_EQ(ptrain::test::readFile(dir + "/checkpoints/step_2/model.rank00000.safetensors"), before);
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_1/meta.json"));
 }
 

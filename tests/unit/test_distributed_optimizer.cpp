@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "checkpoint_fixture.h"
 #include "llm_runtime_fixture.h"
 #include "ptrain/engine/memory_settings.h"
 #include "support/test_support.h"
@@ -37,10 +38,17 @@ struct TrainedRun {
   std::vector<double> losses;
   std::vector<std::pair<std::string, at::Tensor>> initial, params;
   double memOptimizer = 0;
-  ModelRuntime::Tensors checkpoint;
+  checkpoint_fixture::WholeTensors checkpoint;
 };
 
-TrainedRun train(Communicator& comm, const Case& c, bool distributed, int steps) {
+// Where the ranks' checkpoints meet: one folder per port (one per forked job).
+std::string checkpointFolder(int port, bool distributed) {
+  return (std::filesystem::temp_directory_path() /
+          ("ptrain-dist-opt-" + std::to_string(port) + (distributed ? "-sharded" : "-plain")))
+      .string();
+}
+
+TrainedRun train(Communicator& comm, const Case& c, bool distributed, int steps, int port) {
   llm::LlmTrainer trainer{PluginContext{}};
   std::vector<std::string> o = layoutOverrides(c.tp, 1, c.tp > 1);
   o.insert(o.end(), c.overrides.begin(), c.overrides.end());
@@ -62,7 +70,9 @@ TrainedRun train(Communicator& comm, const Case& c, bool distributed, int steps)
     if (step == 0) run.memOptimizer = r.stats.at("mem_optimizer");
   }
   for (auto& [name, p] : rt.model().localParameters()) run.params.emplace_back(name, p.detach().clone());
-  run.checkpoint = rt.gatherForCheckpoint();
+  const std::string folder = checkpointFolder(port, distributed);
+  run.checkpoint = checkpoint_fixture::wholeTensors(rt, comm, folder);
+  if (comm.rank() == 0) std::filesystem::remove_all(folder);
   return run;
 }
 
@@ -77,8 +87,8 @@ TEST(DistributedOptimizerRanks, MatchesTheNonShardedOptimizerOver20Steps) {
   for (const Case& c : cases) {
     std::string failures = test::runRanks(c.world, [&c](int rank, int size, int port) {
       auto comm = worldOf(rank, size, port, layoutOf(size, c.tp, 1));
-      TrainedRun plain = train(*comm, c, false, 20);
-      TrainedRun sharded = train(*comm, c, true, 20);
+      TrainedRun plain = train(*comm, c, false, 20, port);
+      TrainedRun sharded = train(*comm, c, true, 20, port);
       // float32: the same arithmetic, so 1e-6. bf16: parameters are their
       // masters rounded to 8 bits of mantissa, so a last-bit difference of a
       // master (which of libtorch's kernels, AVX2 or AVX-512, converts or

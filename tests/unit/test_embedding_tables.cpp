@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 
+#include "checkpoint_fixture.h"
 #include "ptrain/comm/backend.h"
 #include "ptrain/comm/communicator.h"
 #include "ptrain/comm/rank_env.h"
@@ -626,6 +627,12 @@ class RecModel : public ptrain::StagedModel {
     emb_->placeShards(placement, "emb.");
     state_ = std::move(state);
   }
+  // A runtime builds the tables without storage: their rows come from here.
+  std::optional<nn::ParameterInit> parameterInit(const std::string& name,
+                                                 const std::vector<int64_t>&) const override {
+    if (name.rfind("emb.", 0) == 0) return emb_->parameterInit(name.substr(4));
+    return std::nullopt;
+  }
 
  private:
   std::shared_ptr<torch::nn::Module> root_;
@@ -698,43 +705,36 @@ std::unique_ptr<ptrain::Communicator> worldOf(int rank, int size, int port, int 
   return std::make_unique<ptrain::Communicator>(env, ptrain::ParallelLayout(sizes), registry(), ctx, options);
 }
 
-std::map<std::string, at::Tensor> toMap(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  return {named.begin(), named.end()};
-}
-
 TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterruptedRun) {
+  ptrain::test::TempDir dir;
+  const std::string saved = dir.path() + "/saved", reference = dir.path() + "/reference";
   // The uninterrupted run on one rank: 10 steps.
-  std::vector<double> reference;
+  std::vector<double> referenceLosses;
   std::map<std::string, at::Tensor> referenceParams;
   {
     auto comm = ptrain::Communicator::loopback();
     auto rt = recRuntime(*comm);
-    for (int step = 0; step < 10; ++step) reference.push_back(recStep(*rt, step));
-    referenceParams = toMap(rt->gatherForCheckpoint().parameters);
+    for (int step = 0; step < 10; ++step) referenceLosses.push_back(recStep(*rt, step));
+    referenceParams = ptrain::checkpoint_fixture::wholeTensors(*rt, *comm, reference).parameters;
   }
-  ptrain::test::TempDir dir;
-  const std::string params = dir.path() + "/model.safetensors", state = dir.path() + "/optimizer.safetensors";
 
   std::string failures = ptrain::test::runRanks(4, [&](int rank, int size, int port) {
     auto comm = worldOf(rank, size, port, 2);  // tp 2 x dp 2
     auto rt = recRuntime(*comm);
     for (int step = 0; step < 6; ++step) {
-      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), reference[static_cast<size_t>(step)]), 1e-5)
+      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), referenceLosses[static_cast<size_t>(step)]), 1e-5)
           << "tp 2 x dp 2, step " << step;
     }
-    auto saved = rt->gatherForCheckpoint();
-    if (rank == 0) {
-      ptrain::saveSafetensors(params, saved.parameters);
-      ptrain::saveSafetensors(state, saved.optimizer);
-    }
+    const auto whole = ptrain::checkpoint_fixture::wholeTensors(*rt, *comm, saved).parameters;
     // In memory into a tp 4 runtime of the same ranks, built shard by shard.
     ptrain::LayoutSizes tp4;
     tp4.world = size;
     tp4.tp = 4;
     auto other = recRuntime(*comm, true, ptrain::ParallelLayout(tp4));
     ptrain::reshardParameters(*rt, *other);
-    auto moved = toMap(other->gatherForCheckpoint().parameters);
-    for (const auto& [name, t] : saved.parameters) {
+    const auto moved =
+        ptrain::checkpoint_fixture::wholeTensors(*other, *comm, dir.path() + "/moved-" + std::to_string(port)).parameters;
+    for (const auto& [name, t] : whole) {
       EXPECT_TRUE(torch::equal(moved.at(name), t)) << name << " resharded into tp 4";
     }
   });
@@ -742,12 +742,14 @@ TEST(EmbeddingTablesRuntime, SavedAtTp2Dp2ResumesAtTp4AndOneRankAsTheUninterrupt
 
   auto resume = [&](ptrain::Communicator& comm, const std::string& what, bool shardBuilt) {
     auto rt = recRuntime(comm, shardBuilt);
-    rt->loadCheckpoint(ptrain::loadSafetensors(params).tensors, ptrain::loadSafetensors(state).tensors, 6, "test");
+    ptrain::CheckpointReader reader(saved);
+    rt->loadCheckpoint(reader, "model", /*withOptimizer=*/true, 6);
     for (int step = 6; step < 10; ++step) {
-      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), reference[static_cast<size_t>(step)]), 1e-5)
+      EXPECT_LT(ptrain::test::relDiff(recStep(*rt, step), referenceLosses[static_cast<size_t>(step)]), 1e-5)
           << what << ", step " << step;
     }
-    auto full = toMap(rt->gatherForCheckpoint().parameters);
+    const std::string after = dir.path() + "/after-" + what + "-" + std::to_string(comm.worldSize());
+    const auto full = ptrain::checkpoint_fixture::wholeTensors(*rt, comm, after).parameters;
     if (comm.rank() != 0) return;
     EXPECT_EQ(full.size(), referenceParams.size());
     for (const auto& [name, t] : referenceParams) expectClose(full.at(name), t, what + ": " + name, 1e-5);

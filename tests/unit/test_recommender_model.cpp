@@ -13,6 +13,7 @@
 
 #include "ptrain/datasets/clicks.h"
 #include "ptrain/engine/batch.h"
+#include "recsys_fixture.h"
 #include "recsys_model.h"
 
 namespace {
@@ -22,25 +23,7 @@ using ptrain::ModelBuild;
 using namespace ptrain::recommender;
 namespace datasets = ptrain::datasets;
 
-RecsysConfig tinyConfig(int64_t experts) {
-  RecsysConfig c;
-  c.table_sizes = std::vector<int64_t>(kSparseFeatures, 50);
-  c.table_sizes[0] = 300;
-  c.table_sizes[1] = 200;
-  c.dim = 4;
-  c.bottom_mlp = {8};
-  c.top_mlp = {8};
-  c.attention_hidden = 6;
-  c.hidden = 8;
-  c.ffn = 12;
-  c.history_length = 5;
-  c.num_experts = experts;
-  c.moe.topk = experts > 1 ? 2 : 1;
-  c.row_wise_threshold = 100;
-  c.table_wise_slots = 4;
-  c.row_multiple = 4;
-  return c;
-}
+using ptrain::recsys_fixture::tinyConfig;
 
 Batch tinyBatch(const RecsysConfig& c, int64_t n) {
   datasets::ClicksOptions o;

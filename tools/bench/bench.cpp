@@ -18,8 +18,11 @@
 // Then the planner's predictions beside measurement for twelve layouts.
 // Then the recommender's samples/s: the scaled 12B recipe on its 8-rank
 // layout (tp 4 x pp 2 x ep 2) and recsys_small on 2 data-parallel ranks.
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration|recommender]` runs only the sections
-// named.
+// Then scale: a 403M GPT on 4 processes at tp 4 and tp 2 x pp 2, each rank's
+// peak memory over the whole run (build, steps, save, load) against
+// `ptrain plan`, start-up, save and load seconds.
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration|recommender|scale]` runs only the
+// sections named (`make bench scale`).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +34,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -203,6 +207,50 @@ class RankThrottle {
   std::thread thread_;
 };
 
+// The peak resident set (VmHWM) of each worker of the runs started while it
+// lives, by rank: the workers whose environment holds `tag`,
+// PTRAIN_WORKER=1 and RANK=<r>, read from /proc every 50 ms.
+class RankPeaks {
+ public:
+  explicit RankPeaks(std::string tag) : tag_(std::move(tag)), thread_([this] { loop(); }) {}
+  ~RankPeaks() { stop(); }
+  // Stops watching; peak MB by rank.
+  std::map<int, double> stop() {
+    if (!stop_.exchange(true)) thread_.join();
+    return peaks_;
+  }
+
+ private:
+  void loop() {
+    while (!stop_) {
+      for (const auto& entry : fs::directory_iterator("/proc")) {
+        const std::string name = entry.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream in(entry.path() / "environ", std::ios::binary);
+        std::string var;
+        bool tagged = false, worker = false;
+        int rank = -1;
+        while (std::getline(in, var, '\0')) {
+          tagged = tagged || var == tag_;
+          worker = worker || var == "PTRAIN_WORKER=1";
+          if (var.rfind("RANK=", 0) == 0) rank = std::atoi(var.c_str() + 5);
+        }
+        if (!tagged || !worker || rank < 0) continue;
+        std::ifstream status(entry.path() / "status");
+        for (std::string line; std::getline(status, line);) {
+          if (line.rfind("VmHWM:", 0) == 0) peaks_[rank] = std::max(peaks_[rank], std::atof(line.c_str() + 6) / 1024);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  std::string tag_;
+  std::map<int, double> peaks_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // fp32 matmul peak of this machine with all cores, GFLOP/s.
 double matmulPeak(int threads) {
   at::set_num_threads(threads);
@@ -254,10 +302,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
     if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
-        name != "memory" && name != "shares" && name != "calibration" && name != "recommender") {
+        name != "memory" && name != "shares" && name != "calibration" && name != "recommender" && name != "scale") {
       std::fprintf(stderr,
                    "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares, "
-                   "calibration or recommender (default: all)\n",
+                   "calibration, recommender or scale (default: all)\n",
                    name.c_str());
       return 2;
     }
@@ -544,6 +592,105 @@ int main(int argc, char** argv) {
       const double step = median(stepTimes);
       std::printf("%-28s %-22s %6d %8.3f %10.0f\n", r.recipe, r.layout, r.nproc, step, step > 0 ? r.batch / step : 0.0);
     }
+  }
+  // Scale: the 403M GPT of docs/performance.md ("Start-up, save and load at
+  // scale") on 4 processes, SGD without momentum, batch 4: each rank's peak
+  // over the whole run against `ptrain plan`, start-up, save and load.
+  if (runs("scale")) {
+    const std::string model =
+        "model.num_layers=8 model.hidden_size=2048 model.num_attention_heads=16 train.global_batch_size=4 "
+        "optimizer.name=sgd data.eval_size=4 train.eval_every=0 log.progress=none launch.nproc=4";
+    struct ScaleLayout {
+      const char* name;
+      const char* folder;
+      const char* overrides;
+      // Measured on this machine with the main of 2026-12-05 (fc0d10c), which
+      // built the whole model on every rank and gathered every tensor to rank
+      // 0 to save: peak MB of the most loaded rank, start-up, save, load s.
+      double beforePeak, beforeStartup, beforeSave, beforeLoad;
+    };
+    const ScaleLayout layouts[] = {
+        {"tp4", "tp4", "parallel.tensor_model_parallel_size=4", 5101, 21.8, 94, 70},
+        {"tp2 x pp2", "tp2xpp2", "parallel.tensor_model_parallel_size=2 parallel.pipeline_model_parallel_size=2", 5204,
+         7.4, 85.5, 0},
+    };
+    const std::string tag = "PTRAIN_BENCH_TAG=scale-" + std::to_string(getpid());
+    const fs::path root = fs::temp_directory_path() / ("ptrain-bench-scale-" + std::to_string(getpid()));
+    fs::remove_all(root);
+    auto run = [&](const std::string& dir, const std::string& overrides, const std::string& extra) {
+      std::ostringstream cmd;
+      cmd << tag << " " << binary / "bin/ptrain" << " run " << source / "configs/quickstart.yaml"
+          << " --nproc 4 --run-dir " << dir << " " << model << " " << overrides << " " << extra << " 2>&1";
+      RankPeaks peaks(tag);
+      capture(cmd.str());
+      return peaks.stop();
+    };
+    // What metrics.jsonl says of a run: start-up, and the slowest rank's
+    // save and load seconds and bytes.
+    struct Figures {
+      double startup = 0, save = 0, saveBytes = 0, load = 0;
+    };
+    auto figures = [](const std::string& dir) {
+      Figures f;
+      std::ifstream metrics(dir + "/metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);) {
+        auto j = nlohmann::json::parse(line);
+        if (j.contains("startup_s")) f.startup = j["startup_s"].get<double>();
+        for (const char* key : {"checkpoint_save_s", "checkpoint_load_s"}) {
+          if (!j.contains(key)) continue;
+          double slowest = 0;
+          for (const auto& v : j[key]) slowest = std::max(slowest, v.get<double>());
+          (std::string(key) == "checkpoint_save_s" ? f.save : f.load) = slowest;
+        }
+        if (j.contains("checkpoint_save_bytes")) {
+          for (const auto& v : j["checkpoint_save_bytes"]) f.saveBytes = std::max(f.saveBytes, v.get<double>());
+        }
+      }
+      return f;
+    };
+    std::printf("\nscale: GPT 403M (8 layers, hidden 2048, 16 heads, 1.6 GB of fp32 weights), SGD, batch 4, "
+                "4 processes; each rank's peak over the run (build, 2 steps, save) against `ptrain plan`:\n");
+    std::printf("%-10s %8s %27s %7s %9s %8s %10s %8s | before: %8s %9s %7s %7s\n", "layout", "plan MB",
+                "peak MB (ranks 0-3)", "diff", "start s", "save s", "MB/rank", "load s", "peak MB", "start s",
+                "save s", "load s");
+    std::string firstCheckpoint;
+    for (const ScaleLayout& l : layouts) {
+      std::ostringstream plan;
+      plan << binary / "bin/ptrain" << " plan " << source / "configs/quickstart.yaml"
+           << " --json --device host --nproc 4 " << model << " " << l.overrides;
+      const double predicted = nlohmann::json::parse(capture(plan.str()))["memory_bytes"].get<double>() / (1 << 20);
+      const std::string dir = (root / l.folder).string();
+      const auto peaks = run(dir, l.overrides, "train.steps=2 checkpoint.save_final=true");
+      double worst = 0;
+      std::string perRank;
+      for (const auto& [rank, mb] : peaks) {
+        worst = std::max(worst, mb);
+        perRank += (perRank.empty() ? "" : " ") + std::to_string(static_cast<int>(mb));
+      }
+      // Load: this checkpoint resumed at the same layout for one more step.
+      const std::string resumed = dir + "-resumed";
+      fs::create_directories(resumed + "/checkpoints");
+      fs::copy(dir + "/checkpoints/step_2", resumed + "/checkpoints/step_2", fs::copy_options::recursive);
+      run(resumed, l.overrides, "train.steps=3 --resume");
+      const Figures f = figures(dir), r = figures(resumed);
+      if (firstCheckpoint.empty()) firstCheckpoint = dir;
+      std::printf("%-10s %8.0f %27s %+6.1f%% %9.1f %8.1f %10.0f %8.1f | %16.0f %9.1f %7.1f %7s\n", l.name, predicted,
+                  perRank.c_str(), 100 * (predicted / worst - 1), f.startup, f.save, f.saveBytes / 1e6, r.load,
+                  l.beforePeak, l.beforeStartup, l.beforeSave,
+                  l.beforeLoad > 0 ? std::to_string(static_cast<int>(l.beforeLoad)).c_str() : "-");
+    }
+    // The tp4 checkpoint into tp 2 x pp 2: each rank reads its blocks only.
+    const std::string moved = (root / "tp4-to-tp2xpp2").string();
+    fs::create_directories(moved + "/checkpoints");
+    fs::copy(firstCheckpoint + "/checkpoints/step_2", moved + "/checkpoints/step_2", fs::copy_options::recursive);
+    const auto movedPeaks = run(moved, layouts[1].overrides, "train.steps=3 --resume");
+    double worst = 0;
+    for (const auto& [rank, mb] : movedPeaks) worst = std::max(worst, mb);
+    std::printf("tp4 checkpoint resumed at tp2 x pp2: load %.1f s, peak %.0f MB\n", figures(moved).load, worst);
+    std::printf("(diff: plan against the most loaded rank; before: the main of 2026-12-05, fc0d10c, which built the\n"
+                " whole model on every rank and gathered every tensor to rank 0 to save; its load was every rank\n"
+                " reading the whole files)\n");
+    fs::remove_all(root);
   }
   return 0;
 }

@@ -1,6 +1,5 @@
 #include "centernet.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -206,36 +205,31 @@ CenterNetModel::CenterNetModel(const CenterNetConfig& config, const ModelBuild& 
   for (int64_t d : c.dilations) {
     PTRAIN_CHECK_AS(ConfigError, d >= 1, "model.block_dilations: ", d, " must be >= 1 (1: no dilation)");
   }
-  const uint64_t baseSeed = static_cast<uint64_t>(
+  base_seed_ = static_cast<uint64_t>(
       torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
   root_ = CenterNetModule(c, build);
-  initialise(baseSeed);
+  initialiseParameters();
 }
 
 CenterNetModel::~CenterNetModel() = default;
 
-void CenterNetModel::initialise(uint64_t baseSeed) {
-  torch::NoGradGuard noGrad;
-  for (auto& item : root_->named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool norm = contains(name, ".norm");
-    if (name == "head.out.bias") {
-      p.zero_();
-      p.narrow(0, 0, config_.classes).fill_(-2.19);
-    } else if (text::endsWith(name, ".bias")) {
-      p.zero_();
-    } else if (norm) {
-      p.fill_(1.0);
-    } else {
-      at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
-      const double fanIn = static_cast<double>(p.numel() / p.size(0));
-      const double std = name == "head.out.weight" ? 0.01 : std::sqrt(2.0 / fanIn);
-      at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
-      values.normal_(0.0, std, generator);
-      p.copy_(values);
-    }
+std::optional<nn::ParameterInit> CenterNetModel::parameterInit(const std::string& name,
+                                                              const std::vector<int64_t>& fullSizes) const {
+  if (name == "head.out.bias") {
+    const int64_t classes = config_.classes;
+    return nn::ParameterInit::custom([classes](at::Tensor& shard, const std::vector<int64_t>& offsets) {
+      shard.zero_();
+      const int64_t begin = offsets[0], end = offsets[0] + shard.size(0);
+      if (begin < classes) shard.narrow(0, 0, std::min(end, classes) - begin).fill_(-2.19);
+    });
   }
+  if (text::endsWith(name, ".bias")) return nn::ParameterInit::constant(0.0);
+  if (contains(name, ".norm")) return nn::ParameterInit::constant(1.0);
+  int64_t numel = 1;
+  for (int64_t s : fullSizes) numel *= s;
+  const double fanIn = static_cast<double>(numel / fullSizes[0]);
+  const double std = name == "head.out.weight" ? 0.01 : std::sqrt(2.0 / fanIn);
+  return nn::ParameterInit::normal(parameterSeed(base_seed_, name), 0.0, std);
 }
 
 torch::nn::Module& CenterNetModel::module() { return *root_; }

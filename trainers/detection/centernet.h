@@ -194,12 +194,17 @@ class CenterNetModel : public StagedModel {
   TensorParallelPlan tensorParallelPlan() override;
   void setTensorParallel(std::shared_ptr<const nn::TensorParallelState> state) override;
 
+  // Norm scales 1, biases 0 (the class heatmaps' -2.19, a prior of 0.1),
+  // head.out's weight N(0, 0.01) and every other weight N(0, sqrt(2 /
+  // fan_in)) of its whole shape, from the parameter's own stream.
+  std::optional<nn::ParameterInit> parameterInit(const std::string& name,
+                                                 const std::vector<int64_t>& fullSizes) const override;
+
   const CenterNetConfig& config() const { return config_; }
 
  private:
-  void initialise(uint64_t baseSeed);
-
   CenterNetConfig config_;
+  uint64_t base_seed_ = 0;
   CenterNetModule root_{nullptr};
   std::shared_ptr<const nn::TensorParallelState> tp_;
 };

@@ -176,8 +176,13 @@ std::shared_ptr<StagedModel> DetectionTrainer::buildModel(const ModelBuild& buil
 }
 
 Batch DetectionTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
-  PTRAIN_CHECK(ready_, "detection trainer: globalBatch() before setup()");
-  Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kTrain, step * globalBatchSize, globalBatchSize);
+  return batchRows(step, globalBatchSize, 0, globalBatchSize);
+}
+
+Batch DetectionTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
+  PTRAIN_CHECK(ready_, "detection trainer: batchRows() before setup()");
+  // Canvas i of step s is canvas s * global + i of the training stream.
+  Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kTrain, step * globalBatchSize + begin, end - begin);
   addCenterNetTargets(batch, config_.classes, data_.canvas);
   return batch;
 }

@@ -40,6 +40,7 @@ class DetectionTrainer : public Trainer {
   // Training canvases step * size .. step * size + size - 1, with their
   // CenterNet targets (addCenterNetTargets).
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   // Objects in the batch: the loss is normalised by their number.
   double lossCount(const Batch& batch) const override;
   // Canvases (samples) in the batch.

@@ -2,8 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -275,10 +273,10 @@ GptModel::GptModel(const GptConfig& config, const ModelBuild& build) : config_(c
   PTRAIN_CHECK_AS(ConfigError, c.dropout >= 0 && c.dropout < 1, "model.dropout: ", c.dropout,
                   " is out of range; use [0, 1)");
   // One draw of the default generator seeds every parameter's own stream.
-  const uint64_t baseSeed = static_cast<uint64_t>(torch::randint(std::numeric_limits<int64_t>::max(), {1},
-                                                                  torch::kInt64).item<int64_t>());
+  base_seed_ = static_cast<uint64_t>(torch::randint(std::numeric_limits<int64_t>::max(), {1},
+                                                     torch::kInt64).item<int64_t>());
   root_ = GptModule(c, build);
-  initialise(baseSeed);
+  initialiseParameters();
   const float negInf = -std::numeric_limits<float>::infinity();
   mask_ = torch::full({c.seq_length, c.seq_length}, negInf).triu(1);
 }
@@ -298,28 +296,16 @@ int64_t GptModel::blockCost(int index) {
   return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + mlps;
 }
 
-void GptModel::initialise(uint64_t baseSeed) {
-  torch::NoGradGuard noGrad;
-  for (auto& item : root_->named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool layerNorm = name.find("ln1.") != std::string::npos || name.find("ln2.") != std::string::npos ||
-                           name.find("ln_f.") != std::string::npos;
-    if (text::endsWith(name, ".bias")) {
-      p.zero_();
-    } else if (layerNorm) {
-      p.fill_(1.0);
-    } else {
-      // Drawn on the host, so every device gets the same values.
-      at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
-      const bool residual = text::endsWith(name, "attn.proj.weight") ||
-                            text::endsWith(name, "mlp.fc2.weight") ||
-                            text::endsWith(name, "moe.experts.fc2.weight");
-      at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(p.scalar_type()));
-      values.normal_(0.0, residual ? residualStd(config_) : config_.init_std, generator);
-      p.copy_(values);
-    }
-  }
+std::optional<nn::ParameterInit> GptModel::parameterInit(const std::string& name,
+                                                        const std::vector<int64_t>&) const {
+  const bool layerNorm = name.find("ln1.") != std::string::npos || name.find("ln2.") != std::string::npos ||
+                         name.find("ln_f.") != std::string::npos;
+  if (text::endsWith(name, ".bias")) return nn::ParameterInit::constant(0.0);
+  if (layerNorm) return nn::ParameterInit::constant(1.0);
+  const bool residual = text::endsWith(name, "attn.proj.weight") || text::endsWith(name, "mlp.fc2.weight") ||
+                        text::endsWith(name, "moe.experts.fc2.weight");
+  return nn::ParameterInit::normal(parameterSeed(base_seed_, name), 0.0,
+                                   residual ? residualStd(config_) : config_.init_std);
 }
 
 at::Device GptModel::device() {

@@ -40,11 +40,14 @@
 //
 // Initialisation (GPT-2): weights ~ N(0, init_std), position embeddings too,
 // biases 0, LayerNorm 1/0, attn.proj and mlp.fc2 weights ~ N(0, init_std /
-// sqrt(2 * num_layers)). Each parameter is drawn from a generator of its own,
-// seeded by the model's base seed and the parameter's name; the base seed is
-// one draw from torch's default generator. So equal torch::manual_seed gives
-// equal weights, and a pipeline stage that builds only some blocks
-// (ModelBuild) gets exactly the values the whole model has there.
+// sqrt(2 * num_layers)) (parameterInit). Each parameter is drawn from a
+// counter-based stream of its own (nn/parameter_init.h), seeded by the model's
+// base seed and the parameter's name; the base seed is one draw from torch's
+// default generator. So equal torch::manual_seed gives equal weights, a
+// pipeline stage that builds only some blocks (ModelBuild) gets exactly the
+// values the whole model has there, and a tensor-parallel or expert rank that
+// draws only its slice (in a runtime, nn::DeferredInit) gets exactly that
+// slice of the whole draw.
 //
 // Thread-safety: one thread at a time (torch modules are not thread-safe).
 #pragma once
@@ -52,6 +55,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -331,6 +335,11 @@ class GptModel : public StagedModel {
   // tensor parallelism every rank of the group calls it with the same tokens.
   at::Tensor decodeLogits(const at::Tensor& tokens, const at::Tensor& starts, KvCache& cache);
 
+  // GPT-2's initialisation (see the top of this file), drawn from the
+  // parameter's own stream.
+  std::optional<nn::ParameterInit> parameterInit(const std::string& name,
+                                                 const std::vector<int64_t>& fullSizes) const override;
+
   const GptConfig& config() const { return config_; }
   // The tensor-parallel group the model runs in (null or size 1: none).
   const nn::TensorParallelState* tensorParallel() const { return tp_.get(); }
@@ -340,12 +349,11 @@ class GptModel : public StagedModel {
 
  private:
   const at::Tensor& causalMask(int64_t length, const at::Tensor& like);
-  // Draws every parameter from its own stream (see the top of this file).
-  void initialise(uint64_t baseSeed);
   // Where the parameters live (CPU when there are none).
   at::Device device();
 
   GptConfig config_;
+  uint64_t base_seed_ = 0;  // every parameter's stream is parameterSeed(base_seed_, name)
   GptModule root_{nullptr};
   at::Tensor mask_;  // [seq_length, seq_length], additive, cached per dtype/device
   TensorParallelStatePtr tp_;

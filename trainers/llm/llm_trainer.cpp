@@ -163,6 +163,11 @@ Batch LlmTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
   return dataset_->trainBatch(step, globalBatchSize);
 }
 
+Batch LlmTrainer::batchRows(int64_t step, int64_t, int64_t begin, int64_t end) {
+  PTRAIN_CHECK(dataset_.has_value(), "llm trainer: batchRows() before setup()");
+  return dataset_->trainRows(step, begin, end);
+}
+
 double LlmTrainer::lossCount(const Batch& batch) const { return batch.at("loss_mask").sum().item<double>(); }
 
 double LlmTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.at("tokens").numel()); }

@@ -42,6 +42,7 @@ class LlmTrainer : public Trainer {
   void setup(const Recipe& recipe) override;
   std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   // Answer tokens (incl. EOS) in the batch: the loss is their mean.
   double lossCount(const Batch& batch) const override;
   // Input tokens: rows * seq_length.

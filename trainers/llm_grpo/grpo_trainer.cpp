@@ -312,11 +312,12 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
   std::unique_ptr<ModelRuntime> rollout = session.makeRuntime(rolloutOptions);
   std::unique_ptr<ModelRuntime> reference = use_reference_ ? session.makeRuntime(refOptions) : nullptr;
 
-  const std::vector<std::string> weightFiles = {"model.safetensors", "actor.model.safetensors"};
+  // The supervised run's model, or another GRPO run's actor.
+  const std::vector<std::string> weightSources = {"model", "actor"};
   if (!init_from_.empty()) {
     std::vector<ModelRuntime*> start = {actor.get()};
     if (reference) start.push_back(reference.get());
-    const int64_t from = session.loadWeightsFrom(init_from_, weightFiles, start);
+    const int64_t from = session.loadWeightsFrom(init_from_, weightSources, start);
     if (rankZero) logger()->info("actor{} start from {} (step {})", reference ? " and reference" : "", init_from_, from);
   }
   int64_t step = 0;
@@ -350,6 +351,7 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
   std::vector<std::vector<int64_t>> prompts;
   std::vector<std::string> answers;
   double tokensTotal = 0, timeTotal = 0;
+  session.beginTraining(step);
   while (step < steps) {
     const auto stepStart = Clock::now();
     promptsOf(step, prompts, answers);

@@ -49,29 +49,21 @@ std::string count(double n) {
 
 }  // namespace
 
-RecsysFootprint recsysFootprint(const RecsysConfig& c, int tp, int pp, int ep, const std::string& tableOptimizer,
-                                const std::vector<int64_t>& pipelineLayout) {
-  RecsysFootprint f;
-  const nn::EmbeddingTablesOptions tables = c.tableOptions(0);
-  const nn::EmbeddingShardingPlan plan = nn::EmbeddingShardingPlan::of(tables);
-  int64_t tableValues = 0, tableRows = 0;
-  for (size_t t = 0; t < plan.padded_rows.size(); ++t) {
-    if (plan.tables[t].sharding == nn::TableSharding::kRowWise) tableRows += plan.padded_rows[t];
-  }
-  tableRows += plan.slots * plan.slot_rows;
-  tableValues = tableRows * c.dim;
-  f.table_parameters = tableValues;
+namespace {
+
+// Dense (non-table) parameters per rank of each stage: the bottom MLP on the
+// first, each block on the stage the pipeline gives it (the recipe's layout,
+// or the pipeline plugin's balanced partition), the top MLP on the last;
+// experts divided by ep.
+std::vector<int64_t> denseByStage(const RecsysConfig& c, int64_t pp, int64_t ep,
+                                  const std::vector<int64_t>& pipelineLayout, int64_t* expertStage = nullptr) {
   const int64_t bottom = c.bottomParameters(), attn = c.attentionParameters(), top = c.topParameters();
   const int64_t block1 = c.expertBlockParameters(), experts = c.expertBlockParameters(true);
-  f.total_parameters = tableValues + bottom + attn + block1 + top;
-
-  // Blocks per stage: the recipe's layout, or what the pipeline plugin's
-  // balanced partition gives.
   std::vector<int> perStage;
   if (pp > 1 && !pipelineLayout.empty()) {
     for (int64_t n : pipelineLayout) perStage.push_back(static_cast<int>(n));
   } else if (pp > 1) {
-    perStage = pipeline::balancedPartition({attn, block1}, pp);
+    perStage = pipeline::balancedPartition({attn, block1}, static_cast<int>(pp));
   } else {
     perStage = {2};
   }
@@ -81,21 +73,106 @@ RecsysFootprint recsysFootprint(const RecsysConfig& c, int tp, int pp, int ep, c
       if (block < first + perStage[s]) return static_cast<int>(s);
       first += perStage[s];
     }
-    return pp - 1;
+    return static_cast<int>(pp - 1);
   };
-  const int64_t tablesPerRank = nn::embeddingParametersPerRank(tables, tp);
-  const int64_t rowsPerRank = tablesPerRank / c.dim;
   std::vector<int64_t> dense(static_cast<size_t>(pp), 0);
   dense[0] += bottom;
   dense[static_cast<size_t>(stageOf(0))] += attn;
-  dense[static_cast<size_t>(stageOf(1))] += block1 - experts + experts / std::max(1, ep);
+  dense[static_cast<size_t>(stageOf(1))] += block1 - experts + experts / std::max<int64_t>(1, ep);
   dense[static_cast<size_t>(pp - 1)] += top;
+  if (expertStage != nullptr) *expertStage = stageOf(1);
+  return dense;
+}
+
+// Bytes the table optimizer keeps for `values` table values of `rows` rows.
+double tableStateBytes(const std::string& tableOptimizer, int64_t values, int64_t rows) {
+  if (tableOptimizer == "rowwise_adagrad") return 4.0 * static_cast<double>(rows);
+  return 8.0 * static_cast<double>(values);  // sparse Adam's moments, or AdamW's
+}
+
+}  // namespace
+
+plan::MemoryEstimate recsysStageMemory(const RecsysConfig& c, const plan::Layout& l, const std::string& tableOptimizer,
+                                       const std::vector<int64_t>& pipelineLayout, int64_t evalSize, int64_t stage) {
+  plan::MemoryEstimate e;
+  e.stage = stage;
+  const nn::EmbeddingTablesOptions tables = c.tableOptions(0);
+  const int64_t tableValues = stage == 0 ? nn::embeddingParametersPerRank(tables, static_cast<int>(l.tp)) : 0;
+  int64_t expertStage = 0;
+  const std::vector<int64_t> denseStages = denseByStage(c, l.pp, l.ep, pipelineLayout, &expertStage);
+  const double dense = static_cast<double>(denseStages[static_cast<size_t>(stage)]);
+  const double values = static_cast<double>(tableValues);
+  const double paramBytes = l.precision == "fp32" ? 4 : 2;
+  const int64_t microBatches = l.microBatches();
+  e.params = (values + dense) * paramBytes;
+  // Every gradient here is made whole by backward (libtorch's linear and
+  // batched products, the tables' dense rows) and, with several micro-batches
+  // a step, made whole once more for each micro-batch while it is added in:
+  // the host allocator keeps a block of each size for it.
+  e.grads = (values + dense) * 4 * (microBatches > 1 ? 2 : 1);
+  e.optimizer = tableStateBytes(tableOptimizer, tableValues, tableValues / c.dim) + dense * 8 +
+                (paramBytes < 4 ? (values + dense) * 4 : 0);
+  // Activations, float32 values per sample: the stage's parts of the forward
+  // pass (the lookups, each rank's masked partial ones and their sum; the MLP
+  // layers; the stacked fields and the pairwise dots; the attention unit over
+  // the history; the experts' tokens) and the packed hidden it passes on,
+  // twice (an op's output and what it keeps for backward).
+  const double d = static_cast<double>(c.dim), h = static_cast<double>(c.history_length);
+  const double pairs = static_cast<double>(kInteractionVectors * (kInteractionVectors - 1) / 2);
+  double perSample = 2 * static_cast<double>(RecsysPacking(c).width);
+  if (stage == 0) {
+    double mlp = 0;
+    for (int64_t w : c.bottom_mlp) mlp += static_cast<double>(w);
+    perSample += 2 * (3 * (kSparseFeatures + h) * d + mlp + static_cast<double>(kInteractionVectors) * d + pairs + d);
+  }
+  if (stage == l.pp - 1) {
+    double mlp = 0;
+    for (int64_t w : c.top_mlp) mlp += static_cast<double>(w);
+    const double k = static_cast<double>(c.num_experts > 0 ? std::max<int64_t>(1, c.moe.topk) : 1);
+    perSample += 2 * (h * (3 * d + static_cast<double>(c.attention_hidden)) + static_cast<double>(c.hidden) +
+                      k * (static_cast<double>(c.ffn) + static_cast<double>(c.hidden)) + mlp);
+  }
+  const int64_t inFlight = l.pp > 1 ? std::min<int64_t>(l.pp - stage, microBatches) : 1;
+  e.in_flight = inFlight;
+  const double training = perSample * 4 * static_cast<double>(l.micro_batch) * static_cast<double>(inFlight);
+  // An evaluation chunk, without gradients (about half of that per sample):
+  // the host allocator keeps the blocks of both sizes, so both count.
+  const int64_t evalRows = (evalSize + l.dp - 1) / l.dp;
+  const int64_t chunk = (std::min<int64_t>(kEvalChunk, evalRows) + l.tp - 1) / l.tp * l.tp;
+  e.activations = training + perSample * 2 * static_cast<double>(chunk);
+  // The data plugin's buckets hold the dense gradients when dp > 1 and the
+  // experts' when their data-parallel group (edp) is (the tables' rows travel
+  // on their own, row-sparse).
+  const double experts = static_cast<double>(c.expertBlockParameters(true)) / static_cast<double>(std::max<int64_t>(1, l.ep));
+  const int64_t edp = l.tp * l.cp * l.dp / std::max<int64_t>(1, l.etp * l.ep);
+  const bool holdsExperts = c.num_experts > 0 && stage == expertStage;
+  double reduced = l.dp > 1 ? dense - (holdsExperts ? experts : 0) : 0;
+  if (holdsExperts && edp > 1) reduced += experts;
+  e.buffers = l.distributed_optimizer ? 0 : std::max(0.0, reduced) * 4;
+  return e;
+}
+
+RecsysFootprint recsysFootprint(const RecsysConfig& c, int tp, int pp, int ep, const std::string& tableOptimizer,
+                                const std::vector<int64_t>& pipelineLayout) {
+  RecsysFootprint f;
+  const nn::EmbeddingTablesOptions tables = c.tableOptions(0);
+  const nn::EmbeddingShardingPlan plan = nn::EmbeddingShardingPlan::of(tables);
+  int64_t tableRows = 0;
+  for (size_t t = 0; t < plan.padded_rows.size(); ++t) {
+    if (plan.tables[t].sharding == nn::TableSharding::kRowWise) tableRows += plan.padded_rows[t];
+  }
+  tableRows += plan.slots * plan.slot_rows;
+  f.table_parameters = tableRows * c.dim;
+  f.total_parameters = f.table_parameters + c.bottomParameters() + c.attentionParameters() +
+                       c.expertBlockParameters() + c.topParameters();
+  const std::vector<int64_t> dense = denseByStage(c, pp, ep, pipelineLayout);
+  const int64_t tablesPerRank = nn::embeddingParametersPerRank(tables, tp);
   // fp32 values and gradients (the tables' gradients are dense [rows, dim]),
   // AdamW's two moments for the dense parameters, the tables' optimizer state.
-  const double tableState = tableOptimizer == "rowwise_adagrad" ? 4.0 * static_cast<double>(rowsPerRank)
-                                                                : 8.0 * static_cast<double>(tablesPerRank);
   f.first_stage_parameters = tablesPerRank + dense[0];
-  f.first_stage_bytes = 8.0 * static_cast<double>(tablesPerRank) + tableState + 16.0 * static_cast<double>(dense[0]);
+  f.first_stage_bytes = 8.0 * static_cast<double>(tablesPerRank) +
+                        tableStateBytes(tableOptimizer, tablesPerRank, tablesPerRank / c.dim) +
+                        16.0 * static_cast<double>(dense[0]);
   if (pp == 1) {
     f.last_stage_parameters = f.first_stage_parameters;
     f.last_stage_bytes = f.first_stage_bytes;
@@ -289,6 +366,7 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   std::vector<int64_t> layout;
   if (recipe.has("parallel.pipeline_layout")) layout = recipe.getIntList("parallel.pipeline_layout");
   const RecsysFootprint footprint = recsysFootprint(c, tp, pp, ep, tableOptimizer, layout);
+  pipeline_layout_ = layout;
 
   // Only a fully valid recipe replaces what an earlier setup() prepared.
   dataset_ = std::make_unique<datasets::ClicksDataset>(data);
@@ -326,9 +404,19 @@ std::shared_ptr<StagedModel> RecommenderTrainer::buildModel(const ModelBuild& bu
   return model;
 }
 
+std::optional<plan::MemoryEstimate> RecommenderTrainer::stageMemory(const plan::Layout& layout, int64_t stage) const {
+  if (!dataset_) return std::nullopt;
+  return recsysStageMemory(config_, layout, embedding_optimizer_, pipeline_layout_, eval_size_, stage);
+}
+
 Batch RecommenderTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
-  PTRAIN_CHECK(dataset_, "recommender trainer: globalBatch() before setup()");
-  return dataset_->batch(ClicksSplit::kTrain, step * globalBatchSize, globalBatchSize);
+  return batchRows(step, globalBatchSize, 0, globalBatchSize);
+}
+
+Batch RecommenderTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
+  PTRAIN_CHECK(dataset_, "recommender trainer: batchRows() before setup()");
+  // Sample i of step s is sample s * global + i of the training stream.
+  return dataset_->batch(ClicksSplit::kTrain, step * globalBatchSize + begin, end - begin);
 }
 
 double RecommenderTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.size()); }

@@ -55,6 +55,7 @@ class RecommenderTrainer : public Trainer {
   std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   // Training samples step * size .. step * size + size - 1 (ClicksDataset::batch).
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
+  Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   double tokensIn(const Batch& batch) const override;  // samples
   const char* throughputUnit() const override { return "samples"; }
   // eval_auc and eval_logloss of the click probabilities on validation
@@ -70,6 +71,8 @@ class RecommenderTrainer : public Trainer {
   const RecsysConfig& modelConfig() const { return config_; }
   const datasets::ClicksDataset& dataset() const { return *dataset_; }
   const RecsysFootprint& footprint() const { return footprint_; }
+  // The planner's memory per rank of a stage (recsysStageMemory).
+  std::optional<plan::MemoryEstimate> stageMemory(const plan::Layout& layout, int64_t stage) const override;
   const datasets::ClicksBestScores& bestScores();
 
  private:
@@ -89,6 +92,7 @@ class RecommenderTrainer : public Trainer {
   double embedding_lr_ = 0;
   double embedding_weight_decay_ = 0;
   RecsysFootprint footprint_;
+  std::vector<int64_t> pipeline_layout_;  // parallel.pipeline_layout, empty when unset
   std::vector<std::weak_ptr<RecsysModel>> built_;
 };
 
@@ -96,6 +100,18 @@ class RecommenderTrainer : public Trainer {
 // gradients, AdamW's two moments for the dense parameters and, for the
 // tables, the sparse optimizer's state ("rowwise_adagrad": a float per row;
 // "sparse_adam" or "none": two per value).
+// What one rank of pipeline stage `stage` holds at `layout` (the planner's
+// terms, without the device's reserved memory): its share of the tables
+// (float32, and their dense gradient, which backward makes whole for the
+// rank's rows) and the table optimizer's state; its stage's dense parameters
+// (experts divided by ep) with gradients and AdamW's moments (every gradient
+// twice with several micro-batches a step: each micro-batch's is made whole
+// before it is added in); the activations of the micro-batches
+// in flight and of an evaluation chunk (of `evalSize` samples over dp); the
+// data plugin's buffers for the gradients it all-reduces.
+plan::MemoryEstimate recsysStageMemory(const RecsysConfig& config, const plan::Layout& layout,
+                                       const std::string& tableOptimizer, const std::vector<int64_t>& pipelineLayout,
+                                       int64_t evalSize, int64_t stage);
 RecsysFootprint recsysFootprint(const RecsysConfig& config, int tp, int pp, int ep, const std::string& tableOptimizer,
                                 const std::vector<int64_t>& pipelineLayout);
 

@@ -1,6 +1,5 @@
 #include "recsys_model.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -160,10 +159,10 @@ RecsysModel::RecsysModel(const RecsysConfig& config, const ModelBuild& build)
                                    c.history_length >= 1,
                   "recommender: embedding_dim, hidden_size, ffn_hidden_size, attention_hidden and the history length "
                   "must be >= 1");
-  const uint64_t baseSeed = static_cast<uint64_t>(
+  base_seed_ = static_cast<uint64_t>(
       torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
-  root_ = RecsysModule(c, build, baseSeed);
-  initialise(baseSeed);
+  root_ = RecsysModule(c, build, base_seed_);
+  initialiseParameters();
   // A step's table gradients are zero outside the rows it looked up: data
   // parallelism exchanges those rows instead of all-reducing the tables.
   for (const auto& item : root_->named_parameters()) {
@@ -173,24 +172,19 @@ RecsysModel::RecsysModel(const RecsysConfig& config, const ModelBuild& build)
 
 RecsysModel::~RecsysModel() = default;
 
-void RecsysModel::initialise(uint64_t baseSeed) {
-  torch::NoGradGuard noGrad;
-  for (auto& item : root_->named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    if (name.rfind("embed.tables.", 0) == 0) continue;  // nn::EmbeddingTables drew them
-    if (text::endsWith(name, ".bias")) {
-      p.zero_();
-      continue;
-    }
-    // [out, in], or [E, out, in] stacked over experts.
-    const double fanIn = static_cast<double>(p.size(p.dim() - 1));
-    const double fanOut = static_cast<double>(p.size(p.dim() - 2));
-    at::Generator generator = at::detail::createCPUGenerator(parameterSeed(baseSeed, name));
-    at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(torch::kFloat32));
-    values.normal_(0.0, std::sqrt(2.0 / (fanIn + fanOut)), generator);
-    p.copy_(values);
+std::optional<nn::ParameterInit> RecsysModel::parameterInit(const std::string& name,
+                                                           const std::vector<int64_t>& fullSizes) const {
+  const std::string tables = "embed.tables.";
+  if (name.rfind(tables, 0) == 0) {
+    if (!root_->tables) return std::nullopt;
+    return root_->tables->parameterInit(name.substr(tables.size()));
   }
+  if (text::endsWith(name, ".bias")) return nn::ParameterInit::constant(0.0);
+  // [out, in], or [E, out, in] stacked over experts.
+  const size_t dims = fullSizes.size();
+  const double fanIn = static_cast<double>(fullSizes[dims - 1]);
+  const double fanOut = static_cast<double>(dims >= 2 ? fullSizes[dims - 2] : 1);
+  return nn::ParameterInit::normal(parameterSeed(base_seed_, name), 0.0, std::sqrt(2.0 / (fanIn + fanOut)));
 }
 
 torch::nn::Module& RecsysModel::module() { return *root_; }

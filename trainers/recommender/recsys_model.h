@@ -161,18 +161,24 @@ class RecsysModel : public StagedModel {
   int64_t numExperts() const override { return config_.num_experts; }
   std::vector<std::pair<std::string, nn::MoeLayerImpl*>> moeLayers() override;
 
+  // The tables' own values (nn::EmbeddingTables), zero biases, and every
+  // other weight normal with Xavier's std sqrt(2 / (fan_in + fan_out)) of
+  // its whole shape, from the parameter's own stream.
+  std::optional<nn::ParameterInit> parameterInit(const std::string& name,
+                                                 const std::vector<int64_t>& fullSizes) const override;
+
   const RecsysConfig& config() const { return config_; }
   const RecsysPacking& packing() const { return packing_; }
   // The tensor-parallel size the model runs at (1 without the plugin).
   int tpSize() const;
 
  private:
-  void initialise(uint64_t baseSeed);
   at::Tensor attention(const at::Tensor& hidden);
   at::Tensor mixture(const at::Tensor& hidden);
 
   RecsysConfig config_;
   RecsysPacking packing_;
+  uint64_t base_seed_ = 0;
   RecsysModule root_{nullptr};
   std::shared_ptr<const nn::TensorParallelState> tp_;
 };

@@ -94,6 +94,15 @@ int main(int argc, char** argv) {
   benchCmd->add_option("--dtype", bench.dtype, "float32, float64, int32 or int64");
   benchCmd->add_option("--timeout", bench.timeout_s, "seconds before a collective is declared hung");
 
+  std::string consolidateFrom, consolidateTo;
+  auto* checkpointCmd = app.add_subcommand("checkpoint", "work with a run's checkpoints");
+  checkpointCmd->require_subcommand(1);
+  auto* consolidateCmd = checkpointCmd->add_subcommand(
+      "consolidate", "write a checkpoint's tensors whole, one safetensors file per model and kind "
+                     "(model.safetensors, optimizer.safetensors), as any safetensors reader loads them");
+  consolidateCmd->add_option("step", consolidateFrom, "a checkpoint folder: RUN_DIR/checkpoints/step_N")->required();
+  consolidateCmd->add_option("out", consolidateTo, "the folder to write (created; files in it are replaced)")->required();
+
   bool markdown = false;
   auto* keysCmd = app.add_subcommand("keys", "list every recipe key with its type, default and meaning");
   keysCmd->add_flag("--markdown", markdown, "print the table used in docs/recipes.md");
@@ -129,6 +138,7 @@ int main(int argc, char** argv) {
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);
+    if (consolidateCmd->parsed()) return cmdCheckpointConsolidate(consolidateFrom, consolidateTo);
   } catch (const Error& e) {
     // One line per problem (a layout can have several), each prefixed.
     std::string text = e.what();

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/engine.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/precision.h"
@@ -169,6 +170,7 @@ int cmdCheck(const CheckArgs& args) {
   if (trainerPlugin) {
     try {
       static_cast<Trainer&>(*trainerPlugin).setup(recipe);
+      checkModelBuildsSlices(recipe, layout, static_cast<Trainer&>(*trainerPlugin));
     } catch (const ConfigError& e) {
       return report({e.what()});
     }

@@ -440,6 +440,63 @@ std::vector<std::string> autoLayoutOverrides(const std::string& path, const std:
   return out;
 }
 
+// The memory table of `ptrain plan`: one column per stage (the first and,
+// under a pipeline, the last), then the peak against the device.
+void printMemoryTable(const std::vector<plan::MemoryEstimate>& stages, const plan::MemoryEstimate& peak,
+                      double capacity) {
+  std::printf("memory per rank          %s\n", stages.size() > 1 ? "first stage     last stage" : "");
+  auto row = [&](const char* name, double plan::MemoryEstimate::*field) {
+    std::printf("  %-22s", name);
+    for (const auto& e : stages) std::printf(" %-15s", mib(e.*field).c_str());
+    std::printf("\n");
+  };
+  row("parameters", &plan::MemoryEstimate::params);
+  row("gradients", &plan::MemoryEstimate::grads);
+  row("optimizer states", &plan::MemoryEstimate::optimizer);
+  row("activations", &plan::MemoryEstimate::activations);
+  row("communication buffers", &plan::MemoryEstimate::buffers);
+  row("reserved", &plan::MemoryEstimate::reserved);
+  std::printf("  %-22s", "total");
+  for (const auto& e : stages) std::printf(" %-15s", mib(e.total()).c_str());
+  std::printf("\n  %-22s", "micro-batches held");
+  for (const auto& e : stages) std::printf(" %-15lld", static_cast<long long>(e.in_flight));
+  std::printf("\n  %s of %s (%.0f%%): %s\n", mib(peak.total()).c_str(), mib(capacity).c_str(),
+              100 * peak.total() / capacity, peak.total() <= capacity ? "fits" : "does NOT fit");
+}
+
+// `ptrain plan` for a trainer that counts its own memory per stage
+// (Trainer::stageMemory): the memory table and whether it fits, or its JSON.
+int printTrainerMemory(const PlanArgs& args, const std::string& trainerName, const Trainer& trainer,
+                       const plan::Layout& layout, const plan::DeviceSpec& device, plan::MemoryEstimate first) {
+  std::vector<plan::MemoryEstimate> stages{first};
+  if (layout.pp > 1) stages.push_back(*trainer.stageMemory(layout, layout.pp - 1));
+  for (auto& e : stages) e.reserved = device.reserved_gib * kGiB;
+  const plan::MemoryEstimate& peak =
+      stages.size() > 1 && stages[1].total() > stages[0].total() ? stages[1] : stages[0];
+  const double capacity = device.memory_gib * kGiB;
+  if (args.json) {
+    // The first and the last stage (the stages between hold no tables).
+    std::string perStage;
+    for (const auto& e : stages) perStage += (perStage.empty() ? "" : ", ") + std::to_string(static_cast<int64_t>(e.total()));
+    std::printf("{\"device\": \"%s\", \"memory_bytes\": %.0f, \"memory_capacity_bytes\": %.0f, \"params_bytes\": %.0f, "
+                "\"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"activations_bytes\": %.0f, \"buffers_bytes\": %.0f, "
+                "\"reserved_bytes\": %.0f, \"stage\": %lld, \"stage_memory_bytes\": [%s]}\n",
+                device.name.c_str(), peak.total(), capacity, peak.params, peak.grads, peak.optimizer, peak.activations,
+                peak.buffers, peak.reserved, static_cast<long long>(peak.stage), perStage.c_str());
+    return 0;
+  }
+  std::printf("%s: trainer %s (memory as the trainer counts it; no step time: not a GPT-shaped model)\n",
+              args.recipe.c_str(), trainerName.c_str());
+  std::printf("layout: world=%lld tp=%lld pp=%lld dp=%lld ep=%lld, micro-batch %lld, %lld micro-batches per step, %s\n",
+              static_cast<long long>(layout.world()), static_cast<long long>(layout.tp),
+              static_cast<long long>(layout.pp), static_cast<long long>(layout.dp), static_cast<long long>(layout.ep),
+              static_cast<long long>(layout.micro_batch), static_cast<long long>(layout.microBatches()),
+              layout.precision.c_str());
+  std::printf("device: %s, %.1f GiB\n\n", device.name.c_str(), device.memory_gib);
+  printMemoryTable(stages, peak, capacity);
+  return peak.total() <= capacity ? 0 : 2;
+}
+
 int cmdPlan(const PlanArgs& args) {
   Recipe recipe = Recipe::load(args.recipe, args.overrides);
   Schema schema;
@@ -476,8 +533,19 @@ int cmdPlan(const PlanArgs& args) {
     for (const auto& p : problems) text += (text.empty() ? "" : "\n") + p;
     throw ConfigError(text);
   }
-  const plan::ModelShape m = shapeFromTrainer(*trainerPlugin, recipe, "");
   const plan::Layout layout = planLayoutOf(recipe, planLayout(request));
+  {
+    // A model that is not GPT-shaped: the trainer's own count of what a rank
+    // holds, memory only.
+    auto& trainer = static_cast<Trainer&>(*trainerPlugin);
+    trainer.setup(recipe);
+    if (!trainer.modelShape()) {
+      if (auto first = trainer.stageMemory(layout, 0)) {
+        return printTrainerMemory(args, recipe.getString("trainer.name"), trainer, layout, device, *first);
+      }
+    }
+  }
+  const plan::ModelShape m = shapeFromTrainer(*trainerPlugin, recipe, "");
 
   if (args.json) {
     const plan::MemoryEstimate peak = plan::peakMemory(m, layout, device);
@@ -516,26 +584,10 @@ int cmdPlan(const PlanArgs& args) {
 
   std::vector<plan::MemoryEstimate> stages{plan::estimateMemory(m, layout, device, 0)};
   if (layout.pp > 1) stages.push_back(plan::estimateMemory(m, layout, device, layout.pp - 1));
-  std::printf("memory per rank          %s\n", layout.pp > 1 ? "first stage     last stage" : "");
-  auto row = [&](const char* name, double plan::MemoryEstimate::*field) {
-    std::printf("  %-22s", name);
-    for (const auto& e : stages) std::printf(" %-15s", mib(e.*field).c_str());
-    std::printf("\n");
-  };
-  row("parameters", &plan::MemoryEstimate::params);
-  row("gradients", &plan::MemoryEstimate::grads);
-  row("optimizer states", &plan::MemoryEstimate::optimizer);
-  row("activations", &plan::MemoryEstimate::activations);
-  row("communication buffers", &plan::MemoryEstimate::buffers);
-  row("reserved", &plan::MemoryEstimate::reserved);
-  std::printf("  %-22s", "total");
-  for (const auto& e : stages) std::printf(" %-15s", mib(e.total()).c_str());
-  std::printf("\n  %-22s", "micro-batches held");
-  for (const auto& e : stages) std::printf(" %-15lld", static_cast<long long>(e.in_flight));
   const plan::MemoryEstimate peak = plan::peakMemory(m, layout, device);
   const double capacity = device.memory_gib * kGiB;
-  std::printf("\n  %s of %s (%.0f%%): %s\n\n", mib(peak.total()).c_str(), mib(capacity).c_str(),
-              100 * peak.total() / capacity, peak.total() <= capacity ? "fits" : "does NOT fit");
+  printMemoryTable(stages, peak, capacity);
+  std::printf("\n");
 
   const plan::TimeEstimate t = plan::estimateStepTime(m, layout, device);
   std::printf("time per step\n");

@@ -2,6 +2,7 @@
 // inside a worker, train.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -13,6 +14,7 @@
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/core/resources.h"
 #include "ptrain/nn/host_kernels.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
@@ -47,12 +49,35 @@ std::string selfExe() {
   return ec ? "ptrain" : p.string();
 }
 
+std::string formatBytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.1f kB", bytes / 1e3);
+  return buf;
+}
+
 void printSummary(const TrainSummary& s, const std::string& runDir) {
   std::printf("\n  %-22s %s\n", "run folder", runDir.c_str());
   std::printf("  %-22s %lld\n", "steps", static_cast<long long>(s.steps));
   std::printf("  %-22s %.4f\n", "final loss", s.final_loss);
   for (const auto& [k, v] : s.eval) std::printf("  %-22s %.4f\n", k.c_str(), v);
   std::printf("  %-22s %.0f\n", (s.throughput_unit + "/s").c_str(), s.tokens_per_s);
+  std::printf("  %-22s %.1f s\n", "start-up", s.startup_s);
+  if (!s.peak_rss_mb_ranks.empty()) {
+    const auto most = std::max_element(s.peak_rss_mb_ranks.begin(), s.peak_rss_mb_ranks.end());
+    std::printf("  %-22s %.0f MB (rank %lld, the most of any)\n", "peak memory", *most,
+                static_cast<long long>(most - s.peak_rss_mb_ranks.begin()));
+  }
+  if (s.checkpoint_saves > 0) {
+    std::printf("  %-22s %lld, %.1f s and %s a save (slowest rank, all ranks' bytes)\n", "checkpoints saved",
+                static_cast<long long>(s.checkpoint_saves), s.checkpoint_save_s / s.checkpoint_saves,
+                formatBytes(s.checkpoint_save_bytes / s.checkpoint_saves).c_str());
+  }
+  if (s.checkpoint_load_s > 0) {
+    std::printf("  %-22s %.1f s, %s read (slowest rank, all ranks' bytes)\n", "checkpoint loaded",
+                s.checkpoint_load_s, formatBytes(s.checkpoint_load_bytes).c_str());
+  }
   std::printf("  %-22s %.1f s\n", "wall time", s.wall_s);
   std::fflush(stdout);
 }
@@ -78,6 +103,10 @@ int runWorker(const RunArgs& args) {
 
 int cmdRun(const RunArgs& args) {
   if (isWorkerProcess()) return runWorker(args);
+  // The workers measure their start-up from here (metrics' startup_s).
+  char launched[32];
+  std::snprintf(launched, sizeof launched, "%.3f",
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 
   const int nnodes = args.launch.nnodes;
   // Everything a worker would refuse is refused here first, before any
@@ -138,6 +167,7 @@ int cmdRun(const RunArgs& args) {
       nccl::effectiveSettings(nccl::settingsFromRecipe(prepared.recipe), nccl::processEnvironment());
   for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
   launch.extra_env = nccl::environmentEntries(ncclSettings);
+  launch.extra_env.push_back(std::string(kLaunchTimeVariable) + "=" + launched);
   // What `ptrain doctor RUN_DIR` reads: the whole output and how each worker
   // ended (one pair per node when there are several).
   const std::string node = nnodes > 1 ? ".node" + std::to_string(args.launch.node_rank) : "";

@@ -99,4 +99,9 @@ int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);
 int cmdKeys(bool markdown, const std::string& trainer, bool nccl);
 
+// ptrain checkpoint consolidate STEP_DIR OUT: the checkpoint's tensors whole
+// (engine/sharded_checkpoint.h, consolidateCheckpoint), then one line of what
+// was written.
+int cmdCheckpointConsolidate(const std::string& stepDir, const std::string& outDir);
+
 }  // namespace ptrain::cli

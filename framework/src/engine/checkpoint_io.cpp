@@ -177,32 +177,34 @@ std::string checkpointDir(const std::string& runDir, int64_t step) {
   return (checkpointsRoot(runDir) / (kStepPrefix + std::to_string(step))).string();
 }
 
-void writeCheckpointAtomically(const std::string& runDir, int64_t step,
-                               const std::function<void(const std::string& tmpDir)>& writeFiles) {
-  PTRAIN_CHECK(step >= 0, "writeCheckpointAtomically: step must be >= 0, got ", step);
+std::string checkpointTmpDir(const std::string& runDir, int64_t step, int64_t pid) {
+  return (checkpointsRoot(runDir) / (std::string(kTmpPrefix) + std::to_string(step) + "-" + std::to_string(pid)))
+      .string();
+}
+
+std::string beginCheckpoint(const std::string& runDir, int64_t step) {
+  PTRAIN_CHECK(step >= 0, "beginCheckpoint: step must be >= 0, got ", step);
   const fs::path root = checkpointsRoot(runDir);
   createDirectoriesDurably(root);
   restoreStrandedAside(root);
+  const fs::path tmp = checkpointTmpDir(runDir, step, ::getpid());
+  // A folder of that name is a leftover of an earlier process that had our pid.
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) ioFail(tmp.string(), "cannot remove stale folder", ec);
+  if (!fs::create_directory(tmp, ec) || ec) ioFail(tmp.string(), "cannot create folder", ec);
+  return tmp.string();
+}
 
-  const std::string stepName = kStepPrefix + std::to_string(step);
-  const fs::path tmp = root / (std::string(kTmpPrefix) + std::to_string(step) + pidSuffix());
-  const fs::path target = root / stepName;
-  {
-    // A folder of that name is a leftover of an earlier process that had our pid.
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    if (ec) ioFail(tmp.string(), "cannot remove stale folder", ec);
-    if (!fs::create_directory(tmp, ec) || ec) ioFail(tmp.string(), "cannot create folder", ec);
-  }
+void abandonCheckpoint(const std::string& tmpDir) {
+  std::error_code ec;
+  fs::remove_all(tmpDir, ec);
+}
 
-  try {
-    writeFiles(tmp.string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-
+void commitCheckpoint(const std::string& runDir, int64_t step, const std::string& tmpDir) {
+  const fs::path root = checkpointsRoot(runDir);
+  const fs::path tmp(tmpDir);
+  const fs::path target = root / (kStepPrefix + std::to_string(step));
   try {
     syncTree(tmp);
     if (!fs::exists(fs::symlink_status(target))) {
@@ -229,11 +231,22 @@ void writeCheckpointAtomically(const std::string& runDir, int64_t step,
       removeAllOrFail(aside);
     }
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    abandonCheckpoint(tmpDir);
     throw;
   }
   removeLeftovers(root);
+}
+
+void writeCheckpointAtomically(const std::string& runDir, int64_t step,
+                               const std::function<void(const std::string& tmpDir)>& writeFiles) {
+  const std::string tmp = beginCheckpoint(runDir, step);
+  try {
+    writeFiles(tmp);
+  } catch (...) {
+    abandonCheckpoint(tmp);
+    throw;
+  }
+  commitCheckpoint(runDir, step, tmp);
 }
 
 std::vector<int64_t> listCheckpoints(const std::string& runDir) {
@@ -314,6 +327,8 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
   }
   fsyncPath(dir, true);
 }
+
+void syncFile(const std::string& path) { fsyncPath(path, false); }
 
 nlohmann::json readJsonFile(const std::string& path) {
   std::error_code ec;

@@ -1,8 +1,12 @@
 #include "engine/checkpointer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,7 +15,7 @@
 #include "ptrain/comm/process_group.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/runtime.h"
-#include "ptrain/engine/safetensors.h"
+#include "ptrain/engine/sharded_checkpoint.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace fs = std::filesystem;
@@ -47,121 +51,221 @@ at::Tensor fromHex(const std::string& hex, const std::string& where) {
 
 }  // namespace
 
-void saveCheckpoint(const std::string& runDir, int64_t step, const std::vector<ModelRuntime*>& runtimes,
-                    const Recipe& recipe, const nlohmann::json& extra, ProcessGroup& world) {
-  std::vector<ModelRuntime::Tensors> shares;
-  for (ModelRuntime* runtime : runtimes) shares.push_back(runtime->gatherForCheckpoint());
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The step folder's meta.json, refused when it names another step than the
+// folder: a folder renamed by hand, or a copy of another one.
+nlohmann::json readMeta(const std::string& dir, int64_t step) {
+  const std::string path = (fs::path(dir) / "meta.json").string();
+  nlohmann::json meta = readJsonFile(path);
+  if (!meta.contains("step") || !meta["step"].is_number_integer() || meta["step"].get<int64_t>() != step) {
+    throw CheckpointError(detail::concat(path, ": says step ", meta.contains("step") ? meta["step"].dump() : "(none)",
+                                         ", but its folder is step_", step,
+                                         ": the folder was renamed or copied; restore its name or remove it"));
+  }
+  return meta;
+}
+
+// The newest checkpoint of `runDir`, or a CheckpointError that says why none.
+std::string latestDir(const std::string& runDir, const std::string& missingRun, const std::string& missingStep,
+                      int64_t* step) {
+  if (!fs::is_directory(runDir)) throw CheckpointError(runDir + ": run folder not found: " + missingRun);
+  auto latest = latestCheckpoint(runDir);
+  if (!latest) {
+    throw CheckpointError(runDir + ": no checkpoint to " + missingStep + " (" +
+                          (fs::path(runDir) / "checkpoints").string() + " holds no complete step_N folder" +
+                          (missingStep == "start from" ? "; set checkpoint.save_final: true in that run" : "") + ")");
+  }
+  *step = *latest;
+  return checkpointDir(runDir, *latest);
+}
+
+}  // namespace
+
+CheckpointIo saveCheckpoint(const std::string& runDir, int64_t step, const std::vector<ModelRuntime*>& runtimes,
+                            const Recipe& recipe, const nlohmann::json& extra, ProcessGroup& world) {
+  const auto start = Clock::now();
+  const at::Device device = runtimes.front()->device();
+  const std::string what = checkpointDir(runDir, step);
+  // Rank 0 makes the hidden folder; the others find it by rank 0's pid.
+  std::string error;
+  int64_t pid = 0;
   if (world.rank() == 0) {
-    nlohmann::json perRuntime = nlohmann::json::object();
-    for (size_t i = 0; i < runtimes.size(); ++i) {
-      nlohmann::json shapes = nlohmann::json::object();
-      for (const auto& [name, t] : shares[i].parameters) shapes[name] = t.sizes().vec();
-      Optimizer* optimizer = runtimes[i]->optimizer();
-      perRuntime[runtimes[i]->name()] = {{"layout", runtimes[i]->layout().describe()},
-                                         {"optimizer_step", optimizer ? optimizer->stepCount() : 0},
-                                         {"parameters", shapes}};
+    try {
+      beginCheckpoint(runDir, step);
+      pid = ::getpid();
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    nlohmann::json meta{
-        {"step", step},
-        {"data_position", step},  // index of the next global batch
-        {"rng", {{"torch_cpu", toHex(at::detail::getDefaultCPUGenerator().get_state())}}},
-        {"recipe", recipe.toYaml()},
-        {"runtimes", perRuntime},
-    };
-    // The first runtime's figures at the top level too, where readers of a
-    // single-model checkpoint look for them.
-    if (!runtimes.empty()) {
+  }
+  agreeOnFailure(world, device, error, what);
+  at::Tensor pidTensor = torch::tensor({pid}, torch::kInt64).to(device);
+  if (world.size() > 1) world.broadcast(pidTensor)->wait();
+  const std::string tmp = checkpointTmpDir(runDir, step, pidTensor.cpu().item<int64_t>());
+
+  CheckpointIo io;
+  try {
+    io.bytes = writeShardedCheckpoint(tmp, step, runtimes, world);
+  } catch (...) {
+    if (world.rank() == 0) abandonCheckpoint(tmp);
+    throw;
+  }
+  if (world.rank() == 0) {
+    try {
+      const nlohmann::json index = readJsonFile((fs::path(tmp) / kCheckpointIndexFile).string());
+      nlohmann::json perRuntime = nlohmann::json::object();
+      for (ModelRuntime* runtime : runtimes) {
+        nlohmann::json shapes = nlohmann::json::object();
+        const auto& tensors = index["runtimes"][runtime->name()]["parameters"];
+        for (const auto& [name, entry] : tensors.items()) shapes[name] = entry["shape"];
+        Optimizer* optimizer = runtime->optimizer();
+        perRuntime[runtime->name()] = {{"layout", runtime->layout().describe()},
+                                       {"optimizer_step", optimizer ? optimizer->stepCount() : 0},
+                                       {"parameters", shapes}};
+      }
+      nlohmann::json meta{
+          {"format", "ptrain.sharded"},
+          {"step", step},
+          {"data_position", step},  // index of the next global batch
+          {"rng", {{"torch_cpu", toHex(at::detail::getDefaultCPUGenerator().get_state())}}},
+          {"recipe", recipe.toYaml()},
+          {"runtimes", perRuntime},
+      };
+      // The first runtime's figures at the top level too, where readers of a
+      // single-model checkpoint look for them.
       const auto& first = perRuntime[runtimes.front()->name()];
       meta["optimizer_step"] = first["optimizer_step"];
       meta["layout"] = first["layout"];
       meta["parameters"] = first["parameters"];
+      for (const auto& [key, value] : extra.items()) meta[key] = value;
+      writeJsonFile((fs::path(tmp) / "meta.json").string(), meta);
+      commitCheckpoint(runDir, step, tmp);
+      pruneCheckpoints(runDir, static_cast<int>(recipe.getInt("checkpoint.keep")), step);
+    } catch (const std::exception& e) {
+      abandonCheckpoint(tmp);
+      error = e.what();
     }
-    for (const auto& [key, value] : extra.items()) meta[key] = value;
-    writeCheckpointAtomically(runDir, step, [&](const std::string& dir) {
-      for (size_t i = 0; i < runtimes.size(); ++i) {
-        saveSafetensors((fs::path(dir) / runtimes[i]->checkpointFile(false)).string(), shares[i].parameters,
-                        {{"format", "pt"}});
-        saveSafetensors((fs::path(dir) / runtimes[i]->checkpointFile(true)).string(), shares[i].optimizer,
-                        {{"format", "pt"}});
-      }
-      writeJsonFile((fs::path(dir) / "meta.json").string(), meta);
-    });
-    pruneCheckpoints(runDir, static_cast<int>(recipe.getInt("checkpoint.keep")), step);
   }
   // Nobody runs ahead of a checkpoint that is still being written.
-  world.barrier()->wait();
+  agreeOnFailure(world, device, error, what);
+  io.seconds = secondsSince(start);
+  return io;
 }
 
-int64_t restoreLatestCheckpoint(const std::string& runDir, const std::vector<ModelRuntime*>& runtimes) {
-  if (!fs::is_directory(runDir)) {
-    throw CheckpointError(runDir + ": run folder not found: --resume needs the --run-dir of an earlier run");
+CheckpointIo restoreLatestCheckpoint(const std::string& runDir, const std::vector<ModelRuntime*>& runtimes,
+                                     ProcessGroup& world, int64_t* step) {
+  const auto start = Clock::now();
+  const at::Device device = runtimes.front()->device();
+  int64_t latest = 0;
+  std::string error, dir;
+  nlohmann::json meta;
+  std::unique_ptr<CheckpointReader> reader;
+  try {
+    dir = latestDir(runDir, "--resume needs the --run-dir of an earlier run", "resume from", &latest);
+    meta = readMeta(dir, latest);
+    reader = std::make_unique<CheckpointReader>(dir);
+    for (ModelRuntime* runtime : runtimes) {
+      if (!reader->hasRuntime(runtime->name())) {
+        throw CheckpointError(detail::concat(dir, ": holds no tensors of model '", runtime->name(),
+                                             "': the checkpoint is from another run"));
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  auto latest = latestCheckpoint(runDir);
-  if (!latest) {
-    throw CheckpointError(runDir + ": no checkpoint to resume from (" + (fs::path(runDir) / "checkpoints").string() +
-                          " holds no complete step_N folder)");
+  agreeOnFailure(world, device, error, runDir);
+  // Every rank sees the same names and counts: no rank can refuse alone.
+  for (ModelRuntime* runtime : runtimes) {
+    const size_t saved = reader->names(runtime->name(), CheckpointSection::kParameters).size();
+    const int64_t owned = runtime->ownedParameterCount();
+    if (static_cast<int64_t>(saved) != owned) {
+      throw CheckpointError(detail::concat(dir, ": holds ", saved, " parameters of model '", runtime->name(),
+                                           "', this model has ", owned, ": the checkpoint is from another model"));
+    }
   }
-  const std::string dir = checkpointDir(runDir, *latest);
-  auto meta = readJsonFile((fs::path(dir) / "meta.json").string());
   try {
     for (ModelRuntime* runtime : runtimes) {
-      const std::string weightsFile = (fs::path(dir) / runtime->checkpointFile(false)).string();
-      if (!fs::exists(weightsFile)) {
-        throw CheckpointError(detail::concat(dir, ": no ", runtime->checkpointFile(false), " for model '",
-                                             runtime->name(), "': the checkpoint is from another run"));
-      }
-      auto weights = loadSafetensors(weightsFile);
-      std::map<std::string, at::Tensor> state;
-      if (runtime->optimizer() != nullptr) {
-        state = loadSafetensors((fs::path(dir) / runtime->checkpointFile(true)).string()).tensors;
-      }
       int64_t optimizerSteps = meta.value("optimizer_step", int64_t{0});
       if (meta.contains("runtimes") && meta["runtimes"].contains(runtime->name())) {
         optimizerSteps = meta["runtimes"][runtime->name()].at("optimizer_step").get<int64_t>();
       }
-      runtime->loadCheckpoint(weights.tensors, state, optimizerSteps, dir);
+      runtime->loadCheckpoint(*reader, runtime->name(), true, optimizerSteps);
     }
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(fromHex(meta.at("rng").at("torch_cpu").get<std::string>(), dir + "/meta.json"));
-    return meta.at("step").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(detail::concat(dir, "/meta.json: ", e.what()));
+    error = detail::concat(dir, "/meta.json: ", e.what());
+  } catch (const std::exception& e) {
+    error = e.what();
   }
+  agreeOnFailure(world, device, error, dir);
+  *step = latest;
+  CheckpointIo io;
+  io.bytes = reader->bytesRead();
+  io.seconds = secondsSince(start);
+  return io;
 }
 
-int64_t loadWeightsFromRun(const std::string& path, const std::vector<std::string>& files,
-                           const std::vector<ModelRuntime*>& runtimes) {
-  if (!fs::is_directory(path)) {
-    throw CheckpointError(path + ": run folder not found: give the folder of a finished run (its --run-dir), or "
-                          "runs/NAME for the newest run of recipe NAME");
-  }
-  // runs/NAME (what `ptrain run` fills with one timestamped folder per run
-  // when no --run-dir is given): its newest run that holds a checkpoint.
-  std::string runDir = path;
-  if (!fs::exists(fs::path(path) / "checkpoints")) {
-    std::vector<std::string> runs;
-    for (const auto& entry : fs::directory_iterator(path)) {
-      if (entry.is_directory() && latestCheckpoint(entry.path().string())) runs.push_back(entry.path().string());
+int64_t loadWeightsFromRun(const std::string& path, const std::vector<std::string>& sources,
+                           const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world) {
+  const at::Device device = runtimes.front()->device();
+  std::string error, dir, source;
+  int64_t latest = 0;
+  std::unique_ptr<CheckpointReader> reader;
+  try {
+    if (!fs::is_directory(path)) {
+      throw CheckpointError(path + ": run folder not found: give the folder of a finished run (its --run-dir), or "
+                                   "runs/NAME for the newest run of recipe NAME");
     }
-    std::sort(runs.begin(), runs.end());
-    if (!runs.empty()) runDir = runs.back();
+    // runs/NAME (what `ptrain run` fills with one timestamped folder per run
+    // when no --run-dir is given): its newest run that holds a checkpoint.
+    std::string runDir = path;
+    if (!fs::exists(fs::path(path) / "checkpoints")) {
+      std::vector<std::string> runs;
+      for (const auto& entry : fs::directory_iterator(path)) {
+        if (entry.is_directory() && latestCheckpoint(entry.path().string())) runs.push_back(entry.path().string());
+      }
+      std::sort(runs.begin(), runs.end());
+      if (!runs.empty()) runDir = runs.back();
+    }
+    dir = latestDir(runDir, "give the folder of a finished run", "start from", &latest);
+    readMeta(dir, latest);
+    reader = std::make_unique<CheckpointReader>(dir);
+    for (const auto& s : sources) {
+      if (reader->hasRuntime(s)) {
+        source = s;
+        break;
+      }
+    }
+    if (source.empty()) {
+      std::string names;
+      for (const auto& s : sources) names += (names.empty() ? "'" : " or '") + s + "'";
+      throw CheckpointError(dir + ": holds no weights of model " + names +
+                            ": not a checkpoint of a model this run can start from");
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  auto latest = latestCheckpoint(runDir);
-  if (!latest) {
-    throw CheckpointError(runDir + ": no checkpoint to start from (" + (fs::path(runDir) / "checkpoints").string() +
-                          " holds no complete step_N folder; set checkpoint.save_final: true in that run)");
+  agreeOnFailure(world, device, error, path);
+  for (ModelRuntime* runtime : runtimes) {
+    const size_t saved = reader->names(source, CheckpointSection::kParameters).size();
+    const int64_t owned = runtime->ownedParameterCount();
+    if (static_cast<int64_t>(saved) != owned) {
+      throw CheckpointError(detail::concat(dir, ": holds ", saved, " parameters of model '", source,
+                                           "', this model has ", owned, ": the checkpoint is from another model"));
+    }
   }
-  const std::string dir = checkpointDir(runDir, *latest);
-  for (const std::string& file : files) {
-    const std::string path = (fs::path(dir) / file).string();
-    if (!fs::exists(path)) continue;
-    auto weights = loadSafetensors(path);
-    for (ModelRuntime* runtime : runtimes) runtime->loadParameters(weights.tensors, path);
-    return *latest;
+  try {
+    for (ModelRuntime* runtime : runtimes) runtime->loadCheckpoint(*reader, source, /*withOptimizer=*/false);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  std::string names;
-  for (const auto& f : files) names += (names.empty() ? "" : " or ") + f;
-  throw CheckpointError(dir + ": holds no " + names + ": not a checkpoint of a model this run can start from");
+  agreeOnFailure(world, device, error, dir);
+  return latest;
 }
 
 }  // namespace ptrain

@@ -137,76 +137,30 @@ std::map<std::string, double> DistributedOptimizer::stepStats() const {
   return {{"dp_comm_bytes", static_cast<double>(commBytes_)}};
 }
 
-std::vector<std::pair<std::string, at::Tensor>> DistributedOptimizer::fullState() const {
-  torch::NoGradGuard noGrad;
+std::vector<DistributedOptimizer::Piece> DistributedOptimizer::pieces() {
   std::map<std::string, at::Tensor> pieceState;
   for (auto& [name, t] : local_->state()) pieceState[name] = t;
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  // Each bucket's range of one slot (or of the masters), gathered, cut into
-  // its parameters.
-  auto gather = [&](const Bucket& b, const std::string& slot) {
-    at::Tensor mine = slot == "master" ? b.master : torch::zeros({b.shard}, b.master.options());
-    if (slot != "master") {
-      const int64_t lo = b.group->rank() * b.shard;
-      for (const Member& m : b.members) {
-        if (m.piece < 0) continue;
-        mine.narrow(0, m.piece_begin - lo, m.piece_end - m.piece_begin).copy_(pieceState.at(slot + "." + m.name));
-      }
-    }
-    at::Tensor full = mine;
-    if (b.group->size() > 1) {
-      full = torch::empty({b.padded}, mine.options());
-      b.group->allgather(full, mine)->wait();
-    }
-    for (const Member& m : b.members) {
-      if (slot == "master" && m.param.scalar_type() == at::kFloat) continue;
-      out.emplace_back(slot + "." + m.name, full.narrow(0, m.offset, m.param.numel()).view(m.param.sizes()).clone());
-    }
-  };
-  for (const Bucket& b : buckets_) {
-    for (const auto& slot : local_->slotNames()) gather(b, slot);
-    gather(b, "master");
-  }
-  return out;
-}
-
-void DistributedOptimizer::loadFullState(const std::map<std::string, at::Tensor>& state, int64_t stepCount) {
-  torch::NoGradGuard noGrad;
-  auto entry = [&](const std::string& key, const Member& m) -> const at::Tensor* {
-    auto it = state.find(key);
-    if (it == state.end()) return nullptr;
-    if (it->second.numel() != m.param.numel() || !it->second.sizes().equals(m.param.sizes())) {
-      throw CheckpointError(detail::concat("optimizer state '", key, "' has shape ", it->second.sizes(),
-                                           ", this model needs ", m.param.sizes(),
-                                           ": the checkpoint is from another model"));
-    }
-    return &it->second;
-  };
-  std::map<std::string, at::Tensor> pieceState;
+  std::vector<Piece> out;
   for (Bucket& b : buckets_) {
     const int64_t lo = b.group->rank() * b.shard;
     for (const Member& m : b.members) {
       if (m.piece < 0) continue;
-      const int64_t length = m.piece_end - m.piece_begin;
-      auto rangeOf = [&](const at::Tensor& full) {
-        return full.reshape({-1}).narrow(0, m.piece_begin - m.offset, length).to(at::kFloat);
-      };
+      Piece piece;
+      piece.name = m.name;
+      piece.param_sizes = m.param.sizes().vec();
+      piece.param_dtype = m.param.scalar_type();
+      piece.begin = m.piece_begin - m.offset;
+      piece.end = m.piece_end - m.offset;
+      piece.master = b.master.narrow(0, m.piece_begin - lo, m.piece_end - m.piece_begin);
       for (const auto& slot : local_->slotNames()) {
-        const std::string key = slot + "." + m.name;
-        const at::Tensor* t = entry(key, m);
-        if (t == nullptr) {
-          throw CheckpointError(
-              detail::concat("optimizer state has no '", key, "': the checkpoint is from another model"));
-        }
-        pieceState[key] = rangeOf(*t);
+        auto it = pieceState.find(slot + "." + m.name);
+        if (it != pieceState.end()) piece.slots.emplace_back(slot, it->second);
       }
-      // Masters of a float32 parameter are the parameter (already loaded).
-      const at::Tensor* master =
-          m.param.scalar_type() == at::kFloat ? nullptr : entry("master." + m.name, m);
-      b.master.narrow(0, m.piece_begin - lo, length).copy_(rangeOf(master ? *master : m.param.detach()));
+      piece.saved_here = counted_[static_cast<size_t>(m.piece)];
+      out.push_back(std::move(piece));
     }
   }
-  local_->load(pieceState, stepCount);
+  return out;
 }
 
 int64_t DistributedOptimizer::stateBytes() const {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -110,18 +111,77 @@ std::unique_ptr<ModelRuntime> TrainingSession::makeRuntime(RuntimeOptions option
 
 void TrainingSession::writeMetrics(const nlohmann::json& line) { metrics_->writer.write(line); }
 
+void TrainingSession::beginTraining(int64_t step) {
+  figures_.startup_s = secondsSinceLaunch();
+  writeMetrics({{"step", step}, {"startup_s", figures_.startup_s}});
+}
+
+void TrainingSession::recordIo(int64_t step, const char* what, double seconds, double bytes) {
+  ProcessGroup& world = comm_->world();
+  at::Tensor mine = torch::tensor({seconds, bytes}, torch::kFloat64).to(device_);
+  at::Tensor all = torch::empty({2 * world.size()}, mine.options());
+  if (world.size() > 1) {
+    world.allgather(all, mine)->wait();
+  } else {
+    all.copy_(mine);
+  }
+  const at::Tensor host = all.cpu().view({world.size(), 2});
+  std::vector<double> perRankSeconds, perRankBytes;
+  for (int r = 0; r < world.size(); ++r) {
+    perRankSeconds.push_back(host[r][0].item<double>());
+    perRankBytes.push_back(host[r][1].item<double>());
+  }
+  const std::string kind = what;
+  writeMetrics({{"step", step}, {"checkpoint_" + kind + "_s", perRankSeconds}, {"checkpoint_" + kind + "_bytes", perRankBytes}});
+  const double slowest = *std::max_element(perRankSeconds.begin(), perRankSeconds.end());
+  double total = 0;
+  for (double b : perRankBytes) total += b;
+  if (kind == "save") {
+    ++figures_.checkpoint_saves;
+    figures_.checkpoint_save_s += slowest;
+    figures_.checkpoint_save_bytes += total;
+  } else {
+    figures_.checkpoint_load_s += slowest;
+    figures_.checkpoint_load_bytes += total;
+  }
+}
+
 void TrainingSession::saveCheckpoint(int64_t step, const std::vector<ModelRuntime*>& runtimes,
                                      const nlohmann::json& extra) {
-  ptrain::saveCheckpoint(runDir(), step, runtimes, recipe(), extra, comm_->world());
+  const CheckpointIo io = ptrain::saveCheckpoint(runDir(), step, runtimes, recipe(), extra, comm_->world());
+  recordIo(step, "save", io.seconds, static_cast<double>(io.bytes));
 }
 
 int64_t TrainingSession::restoreLatest(const std::vector<ModelRuntime*>& runtimes) {
-  return restoreLatestCheckpoint(runDir(), runtimes);
+  int64_t step = 0;
+  const CheckpointIo io = restoreLatestCheckpoint(runDir(), runtimes, comm_->world(), &step);
+  recordIo(step, "load", io.seconds, static_cast<double>(io.bytes));
+  return step;
 }
 
-int64_t TrainingSession::loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& files,
+int64_t TrainingSession::loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& sources,
                                          const std::vector<ModelRuntime*>& runtimes) {
-  return loadWeightsFromRun(runDir, files, runtimes);
+  return loadWeightsFromRun(runDir, sources, runtimes, comm_->world());
+}
+
+void TrainingSession::addFigures(TrainSummary& summary) {
+  ProcessGroup& world = comm_->world();
+  at::Tensor mine = torch::tensor({peakRssMb()}, torch::kFloat64).to(device_);
+  at::Tensor all = torch::empty({world.size()}, mine.options());
+  if (world.size() > 1) {
+    world.allgather(all, mine)->wait();
+  } else {
+    all.copy_(mine);
+  }
+  const at::Tensor host = all.cpu();
+  summary.peak_rss_mb_ranks.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  writeMetrics({{"step", summary.steps}, {"peak_rss_mb_ranks", summary.peak_rss_mb_ranks}});
+  summary.startup_s = figures_.startup_s;
+  summary.checkpoint_saves = figures_.checkpoint_saves;
+  summary.checkpoint_save_s = figures_.checkpoint_save_s;
+  summary.checkpoint_save_bytes = figures_.checkpoint_save_bytes;
+  summary.checkpoint_load_s = figures_.checkpoint_load_s;
+  summary.checkpoint_load_bytes = figures_.checkpoint_load_bytes;
 }
 
 TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
@@ -148,6 +208,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
     if (isRankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
   }
   Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, trainer.throughputUnit());
+  session.beginTraining(step);
 
   auto evaluate = [&]() {
     std::map<std::string, double> result;
@@ -163,20 +224,24 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
   double tokensTotal = 0, timeTotal = 0;
   while (step < steps) {
     const auto stepStart = Clock::now();
-    Batch batch = trainer.globalBatch(step, globalBatch);
+    // Only this rank's rows of the global batch are made.
+    const auto [rowsBegin, rowsEnd] = runtime->dataRows(globalBatch);
+    const Batch rows = trainer.batchRows(step, globalBatch, rowsBegin, rowsEnd);
     StepInput input;
     input.step = step;
-    input.micro_batches = runtime->microBatches(batch, micro);
-    // Items the loss is averaged over, counted on the whole global batch so
-    // every split of it normalises the same way.
-    input.loss_divisor = trainer.lossCount(batch);
+    input.micro_batches = runtime->cutMicroBatches(rows, micro);
+    // Items the loss is averaged over, counted on the whole global batch (the
+    // data-parallel ranks' rows together) so every split of it normalises
+    // the same way; its tokens, for throughput.
+    const std::vector<double> counts = runtime->sumOverDataParallel({trainer.lossCount(rows), trainer.tokensIn(rows)});
+    input.loss_divisor = counts[0];
     if (opCounter) opCounter->reset();
     StepResult result = runtime->step(input);
     const int64_t ops = opCounter ? opCounter->count() : 0;
     ++step;
 
     const double stepTime = seconds(stepStart);
-    const double tokens = trainer.tokensIn(batch);
+    const double tokens = counts[1];
     tokensTotal += tokens;
     timeTotal += stepTime;
     summary.final_loss = result.loss;
@@ -223,6 +288,7 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
   for (const auto& w : prepared.warnings)
     if (session.isRankZero()) logger()->warn("{}", w);
   TrainSummary summary = prepared.trainer->train(session);
+  session.addFigures(summary);
   summary.wall_s = seconds(wallStart);
   session.comm().world().barrier()->wait();
   return summary;

@@ -7,6 +7,9 @@
 #include "ptrain/engine/hooks.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/nn/deferred_init.h"
+#include "ptrain/nn/moe.h"
+#include "ptrain/nn/parallel_layers.h"
 
 namespace ptrain {
 
@@ -17,6 +20,10 @@ ParallelPlugin::~ParallelPlugin() = default;
 StepHooks::~StepHooks() = default;
 
 TrainSummary Trainer::train(TrainingSession& session) { return defaultTrainingLoop(session, *this); }
+
+Batch Trainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
+  return globalBatch(step, globalBatchSize).slice(begin, end);
+}
 
 bool ModelBuild::buildsBlock(int index) const {
   if (!blocks) return true;
@@ -42,6 +49,50 @@ int64_t StagedModel::blockCost(int index) {
     if (item.key().compare(0, prefix.size(), prefix) == 0) cost += item.value().numel();
   }
   return cost;
+}
+
+void StagedModel::initialiseParameters() {
+  torch::NoGradGuard noGrad;
+  for (auto& item : module().named_parameters()) {
+    at::Tensor& p = item.value();
+    if (nn::isDeferred(p)) continue;
+    const std::vector<int64_t> sizes = p.sizes().vec();
+    auto init = parameterInit(item.key(), sizes);
+    PTRAIN_CHECK(init.has_value(), "model: no initial value rule for parameter '", item.key(), "'");
+    // Drawn on the host in float32 (so every device and dtype starts from
+    // the same values), then copied in.
+    at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(torch::kFloat32));
+    nn::fillShard(values, *init, sizes, std::vector<int64_t>(sizes.size(), 0));
+    p.copy_(values);
+  }
+}
+
+int64_t StagedModel::materialiseParameters(at::Device device) {
+  torch::NoGradGuard noGrad;
+  int64_t bytes = 0;
+  for (auto& item : module().named_parameters()) {
+    at::Tensor& p = item.value();
+    if (!nn::isDeferred(p)) continue;
+    const ParameterPlacement& where = placement.of(item.key());
+    const std::vector<int64_t> full = where.fullSizes(p.sizes());
+    auto init = parameterInit(item.key(), full);
+    PTRAIN_CHECK_AS(ConfigError, init.has_value(), "model: parameter '", item.key(),
+                    "' was built without storage, but the model gives no rule for its initial values "
+                    "(StagedModel::parameterInit), so no rank can draw its slice");
+    at::Tensor values = torch::empty(p.sizes(), torch::TensorOptions(torch::kFloat32));
+    nn::fillShard(values, *init, full, where.offsets(p.sizes()));
+    bytes += values.numel() * static_cast<int64_t>(values.element_size());
+    p.set_data(device.is_cpu() ? values : values.to(device));
+  }
+  return bytes;
+}
+
+std::vector<std::string> StagedModel::deferredParameters() {
+  std::vector<std::string> out;
+  for (const auto& item : module().named_parameters()) {
+    if (nn::isDeferred(item.value())) out.push_back(item.key());
+  }
+  return out;
 }
 
 // The tensor-parallel defaults: a model that does not override them cannot
@@ -117,6 +168,41 @@ const at::Tensor& Batch::at(const std::string& name) const {
   auto it = tensors.find(name);
   PTRAIN_CHECK(it != tensors.end(), "batch has no tensor named '", name, "'");
   return it->second;
+}
+
+std::optional<std::string> checkShardedBuild(StagedModel& model, int64_t tp, int64_t ep, int64_t etp) {
+  std::vector<std::string> split;
+  if (tp > 1) {
+    TensorParallelPlan plan;
+    try {
+      plan = model.tensorParallelPlan();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    for (const auto& [prefix, layer] : plan.layers) {
+      for (const auto& [local, dim] : layer->splitParameters()) split.push_back(prefix + local);
+    }
+  }
+  if (ep > 1 || etp > 1) {
+    for (const auto& [prefix, layer] : model.moeLayers()) {
+      for (const auto& relative : nn::MoeLayerImpl::expertParameterNames()) split.push_back(prefix + relative);
+    }
+  }
+  auto named = model.module().named_parameters();
+  for (const auto& name : split) {
+    const at::Tensor* p = named.find(name);
+    if (p == nullptr) continue;  // the plan's own mistake, reported where it is applied
+    if (!nn::isDeferred(*p)) {
+      return detail::concat("the model cannot build a slice of parameter '", name,
+                            "': its layer allocates it whole, so every rank would hold all of it (build it from "
+                            "ptrain::nn layers, or register it with nn::splittableParameter)");
+    }
+    if (!model.parameterInit(name, p->sizes().vec())) {
+      return detail::concat("the model cannot build a slice of parameter '", name,
+                            "': it gives no rule for its initial values (StagedModel::parameterInit)");
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace ptrain

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "ptrain/recipe/recipe.h"
@@ -355,7 +356,10 @@ class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<std::pair<std::string, at::Tensor>> named, std::vector<ParamGroup> groups,
       const OptimizerOptions& o)
-      : Optimizer(std::move(named), std::move(groups), {"momentum_buffer"}, o.master_weights),
+      // Without momentum there is nothing to keep between steps.
+      : Optimizer(std::move(named), std::move(groups),
+                  o.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{},
+                  o.master_weights),
         momentum_(o.momentum) {}
   const char* name() const override { return "sgd"; }
 
@@ -369,7 +373,7 @@ class Sgd final : public Optimizer {
       for (const Item* item : batch) {
         ps.push_back(item->target);
         gs.push_back(item->grad);
-        bufs.push_back(slot(0, item->index));
+        if (momentum_ > 0) bufs.push_back(slot(0, item->index));
       }
       if (gradScale != 1.0) at::_foreach_mul_(gs, gradScale);
       // As torch.optim.SGD: an L2 penalty added to the gradient (g += wd * p),
@@ -428,26 +432,78 @@ std::unique_ptr<Optimizer> makeOptimizer(std::vector<std::pair<std::string, at::
   return makeOptimizer(std::move(named), {decay, plain}, options);
 }
 
+namespace {
+
+// The sum of the squares of a host float32 tensor's values, accumulated in
+// float64 over fixed blocks added in order. A float32 sum over millions of
+// values carries a relative error of about 1e-4 that depends on how the
+// tensor is cut, which would make the clipping coefficient, and so every
+// update, depend on the layout (a tensor-parallel shard sums differently from
+// the whole tensor). The fixed blocks make it independent of the thread count
+// too.
+double hostSumOfSquares(const at::Tensor& g) {
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const float* data = g.data_ptr<float>();
+  const int64_t n = g.numel();
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = b * kBlock, last = std::min(n, first + kBlock);
+      double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      int64_t i = first;
+      for (; i + 4 <= last; i += 4) {
+        const double x0 = data[i], x1 = data[i + 1], x2 = data[i + 2], x3 = data[i + 3];
+        a0 += x0 * x0;
+        a1 += x1 * x1;
+        a2 += x2 * x2;
+        a3 += x3 * x3;
+      }
+      for (; i < last; ++i) a0 += static_cast<double>(data[i]) * data[i];
+      partial[static_cast<size_t>(b)] = (a0 + a1) + (a2 + a3);
+    }
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+// The same for any other tensor (a device's, another dtype), as a float64
+// scalar where it rests: blocks of the flat tensor cast to float64, so no
+// more than one block's copy exists at a time.
+at::Tensor deviceSumOfSquares(const at::Tensor& g) {
+  constexpr int64_t kBlock = int64_t{1} << 24;
+  const at::Tensor flat = g.reshape({-1});
+  at::Tensor total = torch::zeros({}, flat.options().dtype(at::kDouble));
+  for (int64_t first = 0; first < flat.numel(); first += kBlock) {
+    const at::Tensor part = flat.narrow(0, first, std::min(kBlock, flat.numel() - first)).to(at::kDouble);
+    total += part.mul(part).sum();
+  }
+  return total;
+}
+
+}  // namespace
+
 double globalGradNorm(const std::vector<at::Tensor>& params,
                       const std::function<void(at::Tensor&)>& sumSquares, const std::vector<bool>& counted,
                       std::optional<at::Device> device) {
   torch::NoGradGuard noGrad;
-  // The counted gradients by the device they rest on, in their order.
-  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> byDevice;
+  double host = 0;
+  // Other devices' sums stay there until the end: one synchronisation.
+  std::vector<at::Tensor> elsewhere;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = params[i].grad();
     if (!g.defined() || !(counted.empty() || counted[i])) continue;
     if (!device) device = g.device();
-    auto it = std::find_if(byDevice.begin(), byDevice.end(), [&](const auto& d) { return d.first == g.device(); });
-    if (it == byDevice.end()) it = byDevice.insert(byDevice.end(), {g.device(), {}});
-    it->second.push_back(g);
+    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous()) {
+      host += hostSumOfSquares(g);
+    } else {
+      elsewhere.push_back(deviceSumOfSquares(g));
+    }
   }
   const at::Device home = device.value_or(params.empty() ? at::Device(at::kCPU) : params.front().device());
-  at::Tensor total = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(home));
-  for (const auto& [where, grads] : byDevice) {
-    auto norms = at::_foreach_norm(grads, 2);
-    total += torch::stack(norms).to(torch::kFloat64).pow(2).sum().to(home);
-  }
+  at::Tensor total = torch::tensor({host}, torch::kFloat64).reshape({}).to(home);
+  for (const auto& t : elsewhere) total += t.to(home);
   if (sumSquares) sumSquares(total);
   return std::sqrt(total.item<double>());
 }

@@ -48,6 +48,14 @@ std::vector<int64_t> ParameterPlacement::fullSizes(at::IntArrayRef localSizes) c
   return sizes;
 }
 
+std::vector<int64_t> ParameterPlacement::offsets(at::IntArrayRef localSizes) const {
+  std::vector<int64_t> out(localSizes.size(), 0);
+  for (const auto& s : shards) {
+    if (s.dim < static_cast<int>(out.size())) out[static_cast<size_t>(s.dim)] = s.index * localSizes[s.dim];
+  }
+  return out;
+}
+
 const ParameterPlacement& Placement::of(const std::string& name) const {
   auto it = entries_.find(name);
   return it == entries_.end() ? kWhole : it->second;

@@ -3,6 +3,7 @@
 
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/memory_settings.h"
@@ -10,9 +11,29 @@
 #include "ptrain/engine/offload.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/nn/deferred_init.h"
 #include "ptrain/plugin/registry.h"
 
 namespace ptrain {
+
+void checkModelBuildsSlices(const Recipe& recipe, const LayoutRequest& layout, Trainer& trainer) {
+  if (layout.tp <= 1 && layout.ep <= 1 && layout.etp <= 1) return;
+  std::shared_ptr<StagedModel> model;
+  {
+    nn::DeferredInit deferred;
+    model = trainer.buildModel(ModelBuild{});
+  }
+  if (!model) return;
+  const bool experts = model->numExperts() > 0;
+  if (!experts && layout.tp <= 1) return;
+  if (auto problem = checkShardedBuild(*model, layout.tp, experts ? layout.ep : 1, experts ? layout.etp : 1)) {
+    const std::string key =
+        layout.tp > 1 ? "parallel.tensor_model_parallel_size" : "parallel.expert_model_parallel_size";
+    // A model's own message may already name the key.
+    const std::string text = problem->rfind(key + ": ", 0) == 0 ? problem->substr(key.size() + 2) : *problem;
+    recipe.fail(key, text);
+  }
+}
 
 PreparedRecipe::PreparedRecipe() = default;
 PreparedRecipe::~PreparedRecipe() = default;
@@ -75,6 +96,7 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   const LayoutPlan sized = planLayout(layout);
   for (auto& w : memorySettingWarnings(out.recipe, sized.dp, sized.edp)) out.warnings.push_back(std::move(w));
   out.trainer->setup(out.recipe);
+  checkModelBuildsSlices(out.recipe, layout, *out.trainer);
   return out;
 }
 

@@ -34,14 +34,33 @@ void reshardParameters(ModelRuntime& from, ModelRuntime& to) {
   // Every rank walks `from`'s parameters in the same order (without a
   // pipeline every rank has them all), so the gathers line up.
   for (auto& [name, p] : from.model().localParameters()) {
-    at::Tensor full = p.detach();
-    const ParameterPlacement& placement = from.model().placement.of(name);
-    for (auto it = placement.shards.rbegin(); it != placement.shards.rend(); ++it) {
-      full = allGatherAlong(full, *from.groups().group(it->axis), it->dim);
+    const ParameterPlacement& source = from.model().placement.of(name);
+    const ParameterPlacement& dest = to.model().placement.of(name);
+    // A split both runtimes share (the same ranks, the same slice) stays
+    // local; only the others are gathered, so a rank never holds more of a
+    // parameter than the two layouts make it.
+    auto shared = [&](const ShardSpec& spec) {
+      const ShardSpec* other = dest.shardAlong(spec.axis);
+      return other != nullptr && other->dim == spec.dim && other->num_shards == spec.num_shards &&
+             other->index == spec.index &&
+             from.groups().group(spec.axis)->globalRanks() == to.groups().group(spec.axis)->globalRanks();
+    };
+    at::Tensor part = p.detach();
+    for (auto it = source.shards.rbegin(); it != source.shards.rend(); ++it) {
+      if (!shared(*it)) part = allGatherAlong(part, *from.groups().group(it->axis), it->dim);
     }
     auto target = targets.find(name);
     if (target == targets.end()) continue;
-    const at::Tensor slice = to.model().placement.of(name).sliceOfFull(full, name);
+    at::Tensor slice = part;
+    for (const ShardSpec& spec : dest.shards) {
+      const ShardSpec* had = source.shardAlong(spec.axis);
+      if (had != nullptr && shared(*had)) continue;
+      PTRAIN_CHECK_AS(CheckpointError, spec.dim < slice.dim() && slice.size(spec.dim) == spec.full_size,
+                      "resharding '", from.name(), "' into '", to.name(), "': parameter ", name,
+                      " has another size along dimension ", spec.dim, ": the two runtimes hold different models");
+      const int64_t size = spec.full_size / spec.num_shards;
+      slice = slice.narrow(spec.dim, spec.index * size, size);
+    }
     PTRAIN_CHECK_AS(CheckpointError, slice.sizes() == target->second.sizes(), "resharding '", from.name(),
                     "' into '", to.name(), "': parameter ", name, " is ", slice.sizes(), " here but ",
                     target->second.sizes(), " there: the two runtimes hold different models");

@@ -15,6 +15,7 @@
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/layout/validation.h"
+#include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/recompute.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
@@ -60,65 +61,43 @@ class BlockRecompute final : public StepHooks {
   std::set<int> blocks_;
 };
 
-// The full tensor of a shard along one axis: gathered over that axis's group.
-at::Tensor gatherAlong(const at::Tensor& shard, const ShardSpec& spec, ProcessGroup& group) {
-  PTRAIN_CHECK(spec.num_shards == group.size(), "shard of ", spec.num_shards, " slices along ", toString(spec.axis),
-               ", but the group has ", group.size(), " ranks");
-  // The group gathers dim-0 blocks: move the split dimension to the front.
-  at::Tensor front = shard.detach().transpose(0, spec.dim).contiguous();
-  std::vector<int64_t> fullShape = front.sizes().vec();
-  fullShape[0] *= spec.num_shards;
-  at::Tensor gathered = torch::empty(fullShape, front.options());
-  group.allgather(gathered, front)->wait();
-  return gathered.transpose(0, spec.dim).contiguous();
+// The block of the whole parameter this rank's tensor `local` is.
+TensorBlock blockOf(const ParameterPlacement& where, const at::Tensor& local) {
+  TensorBlock b;
+  b.offsets = where.offsets(local.sizes());
+  b.sizes = local.sizes().vec();
+  return b;
 }
 
-at::Tensor unshard(const at::Tensor& local, const ParameterPlacement& placement, const LayoutGroups& groups) {
-  at::Tensor out = local.detach();
-  for (const auto& spec : placement.shards) out = gatherAlong(out, spec, *groups.group(spec.axis));
-  return out;
+// A distributed optimizer's range: elements [begin, end) of the parameter's
+// block on this rank.
+TensorBlock pieceBlock(const ParameterPlacement& where, const DistributedOptimizer::Piece& piece) {
+  TensorBlock block;
+  block.offsets = where.offsets(piece.param_sizes);
+  block.sizes = piece.param_sizes;
+  block.flat_begin = piece.begin;
+  block.flat_end = piece.end;
+  return block;
 }
 
-// Every stage's named tensors on stage 0 (in stage order); other stages get
-// back what they passed. Each stage sends a description (names, dtypes,
-// shapes as JSON) and then the tensors, point to point. Tensors arrive on the
-// host.
-NamedTensors gatherToFirstStage(NamedTensors mine, ProcessGroup& group) {
-  if (group.size() == 1) return mine;
-  if (group.rank() != 0) {
-    nlohmann::json description = nlohmann::json::array();
-    for (const auto& [name, t] : mine) {
-      description.push_back({{"name", name}, {"dtype", static_cast<int>(t.scalar_type())}, {"shape", t.sizes().vec()}});
-    }
-    const std::string text = description.dump();
-    at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
-    at::Tensor bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
-    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-    std::vector<std::shared_ptr<Work>> sends{group.send(length, 0), group.send(bytes, 0)};
-    std::vector<at::Tensor> payloads;
-    for (const auto& [name, t] : mine) {
-      payloads.push_back(t.detach().cpu().contiguous());
-      sends.push_back(group.send(payloads.back(), 0));
-    }
-    for (auto& w : sends) w->wait();
-    return mine;
+// An optimizer state tensor of a parameter: shaped like the parameter's
+// tensor on this rank, or cut along its first dimensions only (a row-wise
+// optimizer's per-row sums). Split along each dimension the parameter is
+// split along; `full` receives its whole sizes.
+TensorBlock stateBlock(const std::string& name, const ParameterPlacement& where, const at::Tensor& state,
+                       const at::Tensor& param, std::vector<int64_t>* full) {
+  TensorBlock b;
+  b.sizes = state.sizes().vec();
+  b.offsets.assign(b.sizes.size(), 0);
+  *full = b.sizes;
+  for (const ShardSpec& spec : where.shards) {
+    const auto d = static_cast<size_t>(spec.dim);
+    PTRAIN_CHECK(spec.dim < state.dim() && state.size(spec.dim) == param.size(spec.dim), "optimizer state '", name,
+                 "' of shape ", state.sizes(), " does not follow its parameter's split along dimension ", spec.dim);
+    b.offsets[d] = spec.index * state.size(spec.dim);
+    (*full)[d] = spec.full_size;
   }
-  NamedTensors all = std::move(mine);
-  for (int stage = 1; stage < group.size(); ++stage) {
-    at::Tensor length = torch::empty({1}, torch::kInt64);
-    group.recv(length, stage)->wait();
-    at::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kUInt8);
-    group.recv(bytes, stage)->wait();
-    auto description = nlohmann::json::parse(
-        std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel())));
-    for (const auto& entry : description) {
-      at::Tensor t = torch::empty(entry.at("shape").get<std::vector<int64_t>>(),
-                                  torch::TensorOptions().dtype(static_cast<at::ScalarType>(entry.at("dtype").get<int>())));
-      group.recv(t, stage)->wait();
-      all.emplace_back(entry.at("name").get<std::string>(), t);
-    }
-  }
-  return all;
+  return b;
 }
 
 // Optimizer-file entries of the precision plugin's state.
@@ -174,8 +153,24 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   for (auto* p : parallel_) p->planBuild(*outline, *groups_, build);
   outline.reset();
   torch::manual_seed(options_.seed);
-  model_ = factory(build);
+  {
+    // The parameters a plugin may split come without storage: each plugin
+    // narrows them to this rank's slice (shard), then only the slices are
+    // allocated and drawn, so no rank ever holds a whole split tensor.
+    nn::DeferredInit deferred;
+    model_ = factory(build);
+  }
   PTRAIN_CHECK(model_ != nullptr, "runtime '", options_.name, "': the model factory returned nothing");
+  const std::vector<std::string> deferredNames = model_->deferredParameters();
+  for (auto* p : parallel_) p->shard(*model_, *groups_);
+  const std::set<std::string> deferredSet(deferredNames.begin(), deferredNames.end());
+  for (const auto& name : model_->placement.names()) {
+    PTRAIN_CHECK_AS(ConfigError, !model_->placement.sharded(name) || deferredSet.count(name) != 0,
+                    "model: parameter '", name, "' is split over ranks, but its layer built it whole (with storage), "
+                    "so every rank would hold all of it; build it from ptrain::nn layers, or register it with "
+                    "nn::splittableParameter (nn/deferred_init.h)");
+  }
+  model_->materialiseParameters(options_.device);
   if (options_.device != at::Device(at::kCPU)) model_->module().to(options_.device);
   model_->module().train();
   pluginObjects_.push_back(registry.create(plugin_kind::kPrecision, options_.precision, ctx, "precision.name"));
@@ -270,10 +265,9 @@ void ModelRuntime::addHooks(std::shared_ptr<StepHooks> hooks) {
   extraHooks_.push_back(std::move(hooks));
 }
 
-std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t microBatchSize) const {
+std::pair<int64_t, int64_t> ModelRuntime::dataRows(int64_t rows) const {
   auto dpGroup = groups_->group(GroupKind::kData);
   const int64_t dp = dpGroup->size();
-  const int64_t rows = globalBatch.size();
   // Uneven shares need no other care: every micro-batch's loss is divided by
   // the count of the whole global batch, so the sum over ranks is the
   // single-rank gradient whatever each rank took.
@@ -282,14 +276,31 @@ std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t 
                   " data-parallel ranks", options_.data_parallel_shares.empty() ? "" : " by the given shares");
   int64_t begin = 0;
   for (int64_t r = 0; r < dpGroup->rank(); ++r) begin += (*split)[static_cast<size_t>(r)];
-  const int64_t local = (*split)[static_cast<size_t>(dpGroup->rank())];
+  return {begin, begin + (*split)[static_cast<size_t>(dpGroup->rank())]};
+}
+
+std::vector<Batch> ModelRuntime::cutMicroBatches(const Batch& rows, int64_t microBatchSize) const {
+  const int64_t local = rows.size();
   const int64_t micro = microBatchSize > 0 ? microBatchSize : local;
   PTRAIN_CHECK_AS(ConfigError, micro > 0 && local % micro == 0, "a data-parallel share of ", local,
                   " rows does not split into micro-batches of ", micro);
-  Batch mine = globalBatch.slice(begin, begin + local);
   std::vector<Batch> out;
-  for (int64_t m = 0; m < local / micro; ++m) out.push_back(mine.slice(m * micro, (m + 1) * micro).to(device()));
+  for (int64_t m = 0; m < local / micro; ++m) out.push_back(rows.slice(m * micro, (m + 1) * micro).to(device()));
   return out;
+}
+
+std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t microBatchSize) const {
+  const auto [begin, end] = dataRows(globalBatch.size());
+  return cutMicroBatches(globalBatch.slice(begin, end), microBatchSize);
+}
+
+std::vector<double> ModelRuntime::sumOverDataParallel(const std::vector<double>& values) const {
+  auto dpGroup = groups_->group(GroupKind::kData);
+  if (dpGroup->size() == 1 || values.empty()) return values;
+  at::Tensor t = torch::tensor(values, torch::kFloat64).to(device());
+  dpGroup->allreduce(t)->wait();
+  const at::Tensor host = t.cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
 at::Tensor ModelRuntime::runBlock(int index, const at::Tensor& input) {
@@ -457,113 +468,156 @@ void ModelRuntime::inference(const std::function<void(StagedModel& model, const 
   fn(*model_, evalContext());
 }
 
-std::string ModelRuntime::checkpointFile(bool optimizerState) const {
-  const std::string kind = optimizerState ? "optimizer" : "model";
-  return (options_.name == "model" ? kind : options_.name + "." + kind) + ".safetensors";
-}
-
-ModelRuntime::Tensors ModelRuntime::gatherForCheckpoint() {
+RankShare ModelRuntime::checkpointShare() {
   torch::NoGradGuard noGrad;
   const Placement& placement = model_->placement;
-  // This stage's own tensors: held here, and not a copy of another stage's.
-  NamedTensors params, state;
+  const int rank = comm_.rank();
+  RankShare share;
+  std::map<std::string, at::Tensor> owned;
   for (auto& [name, t] : model_->localParameters()) {
-    if (!placement.mirror(name)) params.emplace_back(name, unshard(t, placement.of(name), *groups_));
+    // Each value once in the job: mirrors and replicas are another rank's.
+    if (placement.mirror(name) || !placement.countedInNorm(name, options_.layout, rank)) continue;
+    const ParameterPlacement& where = placement.of(name);
+    share.parameters.push_back(ShardedTensor{name, t.detach(), where.fullSizes(t.sizes()), blockOf(where, t)});
+    owned.emplace(name, t);
   }
-  if (optimizer_) {
-    for (auto& [name, t] : distributed_ ? distributed_->fullState() : optimizer_->state()) {
+  if (optimizer_ == nullptr) return share;
+  if (distributed_) {
+    for (auto& piece : distributed_->pieces()) {
+      if (!piece.saved_here) continue;
+      const ParameterPlacement& where = placement.of(piece.name);
+      const TensorBlock block = pieceBlock(where, piece);
+      const std::vector<int64_t> full = where.fullSizes(piece.param_sizes);
+      for (auto& [slot, t] : piece.slots) share.optimizer.push_back(ShardedTensor{slot + "." + piece.name, t, full, block});
+      // As the non-sharded optimizer keeps them: masters of lower precisions only.
+      if (piece.param_dtype != at::kFloat) {
+        share.optimizer.push_back(ShardedTensor{"master." + piece.name, piece.master, full, block});
+      }
+    }
+  } else {
+    for (auto& [name, t] : optimizer_->state()) {
       const std::string param = parameterOfState(name);
-      if (!placement.mirror(param)) state.emplace_back(name, unshard(t, placement.of(param), *groups_));
+      auto it = owned.find(param);
+      if (it == owned.end()) continue;
+      std::vector<int64_t> full;
+      TensorBlock block = stateBlock(name, placement.of(param), t, it->second, &full);
+      share.optimizer.push_back(ShardedTensor{name, t.detach(), std::move(full), std::move(block)});
     }
   }
-  // The first rank of each stage (index 0 on every other axis of both grids)
-  // is in the world's rank 0's pipeline group: those bring every stage's
-  // tensors to rank 0.
-  auto ppGroup = groups_->group(GroupKind::kPipeline);
-  const auto& members = ppGroup->globalRanks();
-  if (std::find(members.begin(), members.end(), 0) != members.end()) {
-    params = gatherToFirstStage(std::move(params), *ppGroup);
-    state = gatherToFirstStage(std::move(state), *ppGroup);
-  }
-  Tensors out;
-  if (comm_.rank() == 0) {
-    for (auto& [name, t] : params) out.parameters.emplace_back(name, t.cpu());
-    for (auto& [name, t] : state) out.optimizer.emplace_back(name, t.cpu());
-    // The same on every rank: rank 0's.
-    if (optimizer_) {
-      for (auto& [name, t] : precision_->state()) out.optimizer.emplace_back(kPrecisionPrefix + name, t.cpu());
+  // The same on every rank: rank 0's.
+  if (rank == 0) {
+    for (auto& [name, t] : precision_->state()) {
+      share.optimizer.push_back(
+          ShardedTensor{kPrecisionPrefix + name, t.detach(), t.sizes().vec(), TensorBlock::whole(t.sizes().vec())});
     }
   }
-  return out;
+  return share;
 }
 
-void ModelRuntime::loadCheckpoint(const std::map<std::string, at::Tensor>& parameters,
-                                  const std::map<std::string, at::Tensor>& optimizerState, int64_t optimizerSteps,
-                                  const std::string& where) {
-  loadParameters(parameters, where);
-  if (!optimizer_) return;
-  // State is stored full-size: take this rank's slice, as for parameters.
+int64_t ModelRuntime::ownedParameterCount() {
   const Placement& placement = model_->placement;
-  std::map<std::string, at::Tensor> mine, precisionState;
-  for (const auto& [name, t] : optimizerState) {
-    if (name.rfind(kPrecisionPrefix, 0) == 0) {
-      precisionState[name.substr(std::strlen(kPrecisionPrefix))] = t;
-      continue;
-    }
-    const ParameterPlacement& p = placement.of(parameterOfState(name));
-    bool full = true;
-    for (const auto& s : p.shards) full = full && t.dim() > s.dim && t.size(s.dim) == s.full_size;
-    mine[name] = full && !p.shards.empty() ? p.sliceOfFull(t, name).contiguous() : t;
-  }
-  try {
-    if (distributed_) {
-      distributed_->loadFullState(mine, optimizerSteps);
-    } else {
-      optimizer_->load(mine, optimizerSteps);
-    }
-    precision_->loadState(precisionState);
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(detail::concat(where, ": ", e.what()));
-  }
-}
-
-void ModelRuntime::loadParameters(const std::map<std::string, at::Tensor>& parameters, const std::string& where) {
-  torch::NoGradGuard noGrad;
-  const Placement& placement = model_->placement;
-  auto named = model_->module().named_parameters();
-  // Parameters the whole model has: each stage's own, summed over the stages.
   int64_t owned = 0;
-  for (const auto& item : named) owned += placement.held(item.key()) && !placement.mirror(item.key()) ? 1 : 0;
+  for (const auto& item : model_->module().named_parameters()) {
+    owned += placement.held(item.key()) && !placement.mirror(item.key()) ? 1 : 0;
+  }
   auto ppGroup = groups_->group(GroupKind::kPipeline);
   if (ppGroup->size() > 1) {
     at::Tensor total = torch::tensor({owned}, torch::TensorOptions(torch::kInt64).device(device()));
     ppGroup->allreduce(total)->wait();
     owned = total.item<int64_t>();
   }
-  if (static_cast<int64_t>(parameters.size()) != owned) {
-    throw CheckpointError(detail::concat(where, ": holds ", parameters.size(), " parameters, this model has ", owned,
-                                         ": the checkpoint is from another model"));
-  }
-  for (auto& item : named) {
+  return owned;
+}
+
+void ModelRuntime::loadCheckpoint(CheckpointReader& reader, const std::string& source, bool withOptimizer,
+                                  int64_t optimizerSteps) {
+  torch::NoGradGuard noGrad;
+  const Placement& placement = model_->placement;
+  const std::string& dir = reader.dir();
+  // `name` of whole sizes `full` in `section`, or nullopt when the checkpoint
+  // lacks it; another shape is another model.
+  auto saved = [&](CheckpointSection section, const std::string& name, const std::vector<int64_t>& full) {
+    auto info = reader.find(source, section, name);
+    if (info && info->shape != full) {
+      throw CheckpointError(detail::concat(dir, ": ", toString(section), " tensor '", name, "' has shape ",
+                                           shapeString(info->shape), ", this model has ", shapeString(full),
+                                           ": the checkpoint is from another model"));
+    }
+    return info.has_value();
+  };
+  auto missing = [&](const char* what, const std::string& name) {
+    return CheckpointError(detail::concat(dir, ": no ", what, " '", name, "' of model '", source,
+                                          "': the checkpoint is from another model"));
+  };
+  // A float32 value of parameter `name`: its float32 master when the
+  // checkpoint kept one (it trained in a lower precision), else the parameter.
+  auto readFloat32 = [&](const std::string& name, const std::vector<int64_t>& full, const TensorBlock& block,
+                         at::Tensor out) {
+    if (saved(CheckpointSection::kOptimizer, "master." + name, full)) {
+      reader.read(source, CheckpointSection::kOptimizer, "master." + name, block, out);
+    } else {
+      if (!saved(CheckpointSection::kParameters, name, full)) throw missing("parameter", name);
+      reader.read(source, CheckpointSection::kParameters, name, block, out);
+    }
+  };
+
+  std::map<std::string, at::Tensor> params;
+  for (auto& item : model_->module().named_parameters()) {
     const std::string& name = item.key();
     if (!placement.held(name)) continue;  // another pipeline stage's
-    auto it = parameters.find(name);
-    if (it == parameters.end()) {
-      throw CheckpointError(
-          detail::concat(where, ": no parameter '", name, "': the checkpoint is from another model"));
+    at::Tensor p = item.value().detach();
+    params.emplace(name, p);
+    const ParameterPlacement& where = placement.of(name);
+    const std::vector<int64_t> full = where.fullSizes(p.sizes());
+    if (!saved(CheckpointSection::kParameters, name, full)) throw missing("parameter", name);
+    const TensorBlock block = blockOf(where, p);
+    auto info = reader.find(source, CheckpointSection::kParameters, name);
+    if (p.scalar_type() == at::kFloat && info->dtype != at::kFloat) {
+      readFloat32(name, full, block, p);
+    } else {
+      reader.read(source, CheckpointSection::kParameters, name, block, p);
     }
-    at::Tensor source;
-    try {
-      source = placement.of(name).sliceOfFull(it->second, name);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError(detail::concat(where, ": ", e.what()));
+  }
+  if (!withOptimizer || optimizer_ == nullptr) return;
+
+  if (distributed_) {
+    for (auto& piece : distributed_->pieces()) {
+      const ParameterPlacement& where = placement.of(piece.name);
+      const TensorBlock block = pieceBlock(where, piece);
+      const std::vector<int64_t> full = where.fullSizes(piece.param_sizes);
+      for (auto& [slot, t] : piece.slots) {
+        const std::string name = slot + "." + piece.name;
+        if (!saved(CheckpointSection::kOptimizer, name, full)) throw missing("optimizer state", name);
+        reader.read(source, CheckpointSection::kOptimizer, name, block, t);
+      }
+      readFloat32(piece.name, full, block, piece.master);
     }
-    if (!source.sizes().equals(item.value().sizes())) {
-      throw CheckpointError(detail::concat(where, ": parameter '", name, "' has shape ",
-                                           shapeString(it->second.sizes()), ", this model has ",
-                                           shapeString(item.value().sizes()), ": the checkpoint is from another model"));
+    distributed_->setStepCount(optimizerSteps);
+  } else {
+    for (auto& [name, t] : optimizer_->state()) {
+      const std::string param = parameterOfState(name);
+      std::vector<int64_t> full;
+      const TensorBlock block = stateBlock(name, placement.of(param), t, params.at(param), &full);
+      if (name.rfind("master.", 0) == 0) {
+        readFloat32(param, full, block, t);
+        continue;
+      }
+      if (!saved(CheckpointSection::kOptimizer, name, full)) throw missing("optimizer state", name);
+      reader.read(source, CheckpointSection::kOptimizer, name, block, t);
     }
-    item.value().copy_(source);
+    optimizer_->setStepCount(optimizerSteps);
+  }
+  std::map<std::string, at::Tensor> precisionState;
+  for (const auto& name : reader.names(source, CheckpointSection::kOptimizer)) {
+    if (name.rfind(kPrecisionPrefix, 0) == 0) {
+      precisionState[name.substr(std::strlen(kPrecisionPrefix))] =
+          reader.readWhole(source, CheckpointSection::kOptimizer, name);
+    }
+  }
+  try {
+    precision_->loadState(precisionState);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(detail::concat(dir, ": ", e.what()));
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 // The format stores little-endian bytes and we copy tensor memory as is.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
@@ -304,32 +305,30 @@ std::string safetensorsDtypeName(at::ScalarType type) {
   return d->name;
 }
 
-void saveSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                     const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsTensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), specs_(std::move(specs)) {
   auto fail = [&](auto&&... parts) {
-    throw CheckpointError(detail::concat(path, ": ", std::forward<decltype(parts)>(parts)...));
+    throw CheckpointError(detail::concat(path_, ": ", std::forward<decltype(parts)>(parts)...));
   };
   // Sorted by name so that the same state always gives the same bytes.
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].first < tensors[b].first; });
-
+  std::stable_sort(specs_.begin(), specs_.end(),
+                   [](const SafetensorsTensorSpec& a, const SafetensorsTensorSpec& b) { return a.name < b.name; });
   json header = json::object();
   uint64_t offset = 0;
-  for (size_t k = 0; k < order.size(); ++k) {
-    const auto& [name, t] = tensors[order[k]];
-    if (name.empty()) fail("a tensor has an empty name");
-    if (name == kMetadataKey) fail("\"__metadata__\" is reserved and cannot name a tensor");
-    if (k > 0 && tensors[order[k - 1]].first == name) fail("tensor name \"", name, "\" appears twice");
-    if (!t.defined()) fail("tensor \"", name, "\" is undefined");
-    if (t.layout() != at::kStrided) fail("tensor \"", name, "\" is not dense (layout ", t.layout(), ")");
-    const DtypeInfo* d = dtypeByType(t.scalar_type());
+  for (size_t k = 0; k < specs_.size(); ++k) {
+    const SafetensorsTensorSpec& spec = specs_[k];
+    if (spec.name.empty()) fail("a tensor has an empty name");
+    if (spec.name == kMetadataKey) fail("\"__metadata__\" is reserved and cannot name a tensor");
+    if (k > 0 && specs_[k - 1].name == spec.name) fail("tensor name \"", spec.name, "\" appears twice");
+    const DtypeInfo* d = dtypeByType(spec.dtype);
     if (d == nullptr) {
-      fail("tensor \"", name, "\" has dtype ", c10::toString(t.scalar_type()),
+      fail("tensor \"", spec.name, "\" has dtype ", c10::toString(spec.dtype),
            ", which safetensors cannot hold (supported: ", supportedDtypes(), ")");
     }
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * d->size;
-    header[name] = {{"dtype", d->name}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    uint64_t bytes = d->size;
+    for (int64_t dim : spec.shape) bytes *= static_cast<uint64_t>(dim);
+    header[spec.name] = {{"dtype", d->name}, {"shape", spec.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -343,31 +342,94 @@ void saveSafetensors(const std::string& path, const std::vector<std::pair<std::s
   // Pad so the data starts 8-byte aligned: the 8-byte length plus the header.
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create (", std::strerror(errno), ")");
-  Fd file(fd);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create (", std::strerror(errno), ")");
+  checksum_.block_bytes = kChecksumBlockBytes;
   unsigned char lenBytes[8];
-  uint64_t len = text.size();
+  const uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) lenBytes[i] = static_cast<unsigned char>((len >> (8 * i)) & 0xff);
-  writeAll(fd, lenBytes, 8, path);
-  writeAll(fd, text.data(), text.size(), path);
-  for (size_t index : order) {
-    const at::Tensor& t = tensors[index].second;
-    if (t.numel() == 0) continue;
-    // One tensor at a time: a device tensor is copied to host only while it
-    // is being written.
-    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
-    writeAll(fd, cpu.data_ptr(), cpu.nbytes(), path);
+  write(lenBytes, 8);
+  write(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(const void* data, size_t size) {
+  writeAll(fd_, data, size, path_);
+  // The checksums follow the bytes as they go out, block by block.
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(size, checksum_.block_bytes - blockFill_));
+    blockCrc_ = static_cast<uint32_t>(crc32_z(blockCrc_, p, take));
+    checksum_.crc32 = static_cast<uint32_t>(crc32_z(checksum_.crc32, p, take));
+    blockFill_ += take;
+    checksum_.bytes += take;
+    p += take;
+    size -= take;
+    if (blockFill_ == checksum_.block_bytes) {
+      checksum_.block_crc32.push_back(blockCrc_);
+      blockCrc_ = 0;
+      blockFill_ = 0;
+    }
   }
-  if (file.release() != 0) fail("write failed (", std::strerror(errno), ")");
+}
+
+void SafetensorsWriter::append(const at::Tensor& tensor) {
+  auto fail = [&](auto&&... parts) {
+    throw CheckpointError(detail::concat(path_, ": ", std::forward<decltype(parts)>(parts)...));
+  };
+  if (next_ >= specs_.size()) fail("more tensors appended than the header names");
+  const SafetensorsTensorSpec& spec = specs_[next_++];
+  if (!tensor.defined()) fail("tensor \"", spec.name, "\" is undefined");
+  if (tensor.layout() != at::kStrided) fail("tensor \"", spec.name, "\" is not dense (layout ", tensor.layout(), ")");
+  if (tensor.scalar_type() != spec.dtype || tensor.sizes().vec() != spec.shape) {
+    fail("tensor \"", spec.name, "\" is not the ", c10::toString(spec.dtype), " tensor of the header's shape");
+  }
+  if (tensor.numel() == 0) return;
+  // One tensor at a time: a device tensor is copied to host only while it
+  // is being written.
+  at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+  write(cpu.data_ptr(), cpu.nbytes());
+}
+
+FileChecksum SafetensorsWriter::finish() {
+  if (next_ != specs_.size()) {
+    throw CheckpointError(detail::concat(path_, ": ", specs_.size() - next_, " tensors of the header never written"));
+  }
+  if (blockFill_ > 0) checksum_.block_crc32.push_back(blockCrc_);
+  blockFill_ = 0;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw CheckpointError(detail::concat(path_, ": write failed (", std::strerror(errno), ")"));
+  return checksum_;
+}
+
+void saveSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                     const std::map<std::string, std::string>& metadata, FileChecksum* checksum) {
+  std::vector<SafetensorsTensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) throw CheckpointError(detail::concat(path, ": tensor \"", name, "\" is undefined"));
+    specs.push_back(SafetensorsTensorSpec{name, t.scalar_type(), t.sizes().vec()});
+  }
+  SafetensorsWriter writer(path, specs, metadata);
+  std::map<std::string, const at::Tensor*> byName;
+  for (const auto& [name, t] : tensors) byName.emplace(name, &t);
+  for (const auto& spec : writer.order()) writer.append(*byName.at(spec.name));
+  FileChecksum sum = writer.finish();
+  if (checksum != nullptr) *checksum = std::move(sum);
 }
 
 std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string& path,
-                                                    std::map<std::string, std::string>* metadata) {
+                                                    std::map<std::string, std::string>* metadata,
+                                                    uint64_t* dataStart) {
   uint64_t size = 0;
   Fd file = openForRead(path, &size);
   Header header = parseHeader(file.get(), size, path);
   if (metadata != nullptr) *metadata = std::move(header.metadata);
+  if (dataStart != nullptr) *dataStart = header.data_start;
   return std::move(header.entries);
 }
 

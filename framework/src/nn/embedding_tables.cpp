@@ -9,6 +9,7 @@
 
 #include "ptrain/engine/parameter_seed.h"
 #include "ptrain/engine/placement.h"
+#include "ptrain/nn/deferred_init.h"
 
 namespace ptrain::nn {
 namespace {
@@ -20,12 +21,6 @@ bool validTableName(const std::string& name) {
 }
 
 int64_t roundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 double boundOf(const EmbeddingTablesOptions& o, int64_t rows) {
   return o.init_bound > 0 ? o.init_bound : std::sqrt(1.0 / static_cast<double>(rows));
@@ -175,7 +170,7 @@ void fillEmbeddingRows(at::Tensor& out, uint64_t tableSeed, int64_t firstRow, do
     for (int64_t r = begin; r < end; ++r) {
       const uint64_t rowKey = static_cast<uint64_t>(firstRow + r) * static_cast<uint64_t>(dim);
       for (int64_t c = 0; c < dim; ++c) {
-        const uint64_t z = mix(tableSeed + (rowKey + static_cast<uint64_t>(c) + 1) * 0x9E3779B97F4A7C15ULL);
+        const uint64_t z = splitmix64(tableSeed + (rowKey + static_cast<uint64_t>(c) + 1) * 0x9E3779B97F4A7C15ULL);
         const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
         const double v = bound * (2.0 * u - 1.0);
         if (isFloat) {
@@ -197,33 +192,51 @@ EmbeddingTablesImpl::EmbeddingTablesImpl(EmbeddingTablesOptions options)
   torch::NoGradGuard noGrad;
   const int64_t dim = options_.dim;
   const int64_t rank = options_.shard_rank;
+  // Under a DeferredInit (a runtime's build) the tables come without storage
+  // and the runtime draws this rank's rows with parameterInit; otherwise the
+  // module draws the rows it holds (all, or shard_rank's of shard_count).
+  const bool deferred = count == 1 && DeferredInit::active();
+  auto build = [&](const std::string& local, int64_t fullRows) {
+    const int64_t rows = fullRows / count;
+    if (deferred) return deferredTensor({fullRows, dim});
+    at::Tensor weight = torch::empty({rows, dim});
+    fillRows(local, weight, rank * rows);
+    return weight;
+  };
   row_wise.resize(options_.tables.size());
   std::shared_ptr<torch::nn::Module> rowWise;
-  // This rank's slots: the pack's rows from packStart on.
-  const int64_t packRows = plan_.slots / count * plan_.slot_rows;
-  const int64_t packStart = rank * packRows;
-  if (plan_.hasTableWise()) table_wise = register_parameter("table_wise", torch::zeros({packRows, dim}));
+  if (plan_.hasTableWise()) table_wise = register_parameter("table_wise", build("table_wise", plan_.slots * plan_.slot_rows));
+  for (size_t t = 0; t < options_.tables.size(); ++t) {
+    const TableLocation& loc = plan_.tables[t];
+    if (loc.sharding != TableSharding::kRowWise) continue;
+    if (!rowWise) rowWise = register_module("row_wise", std::make_shared<torch::nn::Module>());
+    row_wise[t] = rowWise->register_parameter(options_.tables[t].name, build(loc.parameter, plan_.padded_rows[t]));
+  }
+}
+
+void EmbeddingTablesImpl::fillRows(const std::string& local, at::Tensor& rows, int64_t firstRow) const {
+  PTRAIN_CHECK(rows.dim() == 2 && rows.size(1) == options_.dim, "embedding tables: rows of ", local,
+               " must be [n, ", options_.dim, "], got ", rows.sizes());
+  rows.zero_();  // padding, and the pack's rows no table uses
+  const int64_t end = firstRow + rows.size(0);
   for (size_t t = 0; t < options_.tables.size(); ++t) {
     const auto& spec = options_.tables[t];
     const TableLocation& loc = plan_.tables[t];
-    const uint64_t seed = parameterSeed(options_.seed, spec.name);
-    const double bound = boundOf(options_, spec.rows);
-    if (loc.sharding == TableSharding::kRowWise) {
-      if (!rowWise) rowWise = register_module("row_wise", std::make_shared<torch::nn::Module>());
-      const int64_t local = plan_.padded_rows[t] / count;
-      const int64_t first = rank * local;
-      at::Tensor weight = torch::zeros({local, dim});
-      const int64_t real = std::max<int64_t>(0, std::min(local, spec.rows - first));  // the rest is padding
-      if (real > 0) {
-        at::Tensor rows = weight.narrow(0, 0, real);
-        fillEmbeddingRows(rows, seed, first, bound);
-      }
-      row_wise[t] = rowWise->register_parameter(spec.name, weight);
-    } else if (loc.first_row >= packStart && loc.first_row < packStart + packRows) {
-      at::Tensor rows = table_wise.narrow(0, loc.first_row - packStart, spec.rows);
-      fillEmbeddingRows(rows, seed, 0, bound);
-    }
+    if (loc.parameter != local) continue;
+    // The table's rows in the parameter, cut to the block asked for.
+    const int64_t from = std::max(firstRow, loc.first_row), to = std::min(end, loc.first_row + spec.rows);
+    if (from >= to) continue;
+    at::Tensor part = rows.narrow(0, from - firstRow, to - from);
+    fillEmbeddingRows(part, parameterSeed(options_.seed, spec.name), from - loc.first_row, boundOf(options_, spec.rows));
   }
+}
+
+ParameterInit EmbeddingTablesImpl::parameterInit(const std::string& local) const {
+  return ParameterInit::custom([this, local](at::Tensor& shard, const std::vector<int64_t>& offsets) {
+    PTRAIN_CHECK(shard.dim() == 2 && offsets.size() == 2 && offsets[1] == 0 && shard.size(1) == options_.dim,
+                 "embedding tables: ", local, " is split by rows only");
+    fillRows(local, shard, offsets[0]);
+  });
 }
 
 EmbeddingTablesImpl::~EmbeddingTablesImpl() = default;

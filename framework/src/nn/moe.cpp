@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "ptrain/comm/process_group.h"
+#include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/fused.h"
 #include "ptrain/nn/host_kernels.h"
 #include "ptrain/nn/ops.h"
@@ -185,8 +186,11 @@ void MoeStepContext::reset() {
 }
 
 StackedLinearImpl::StackedLinearImpl(int64_t experts, int64_t in, int64_t out) {
-  weight = register_parameter("weight", torch::empty({experts, out, in}));
-  bias = register_parameter("bias", torch::zeros({experts, out}));
+  // Uninitialised on its own (the model draws every parameter); without
+  // storage under a DeferredInit, where the expert plugin keeps this rank's
+  // experts before anything is allocated.
+  weight = register_parameter("weight", splittableParameter({experts, out, in}, [&] { return torch::empty({experts, out, in}); }));
+  bias = register_parameter("bias", splittableParameter({experts, out}, [&] { return torch::zeros({experts, out}); }));
 }
 
 MoeRouterImpl::MoeRouterImpl(int64_t experts, int64_t hidden) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "ptrain/nn/deferred_init.h"
+
 namespace ptrain::nn {
 
 namespace {
@@ -53,14 +55,21 @@ void checkGeometry(const ParallelConv2dOptions& o, const char* layer) {
 }
 
 // torch's Conv2d initialisation (kaiming_uniform_ with a = sqrt(5), which
-// is uniform in +-1/sqrt(fan_in), and the bias in the same bound), drawn
-// full-size from the default generator so every layout draws the same values.
-void initConv(torch::nn::Module& m, const ParallelConv2dOptions& o, at::Tensor& weight, at::Tensor& bias) {
+// is uniform in +-1/sqrt(fan_in), and the bias in the same bound) from the
+// default generator for a layer built on its own; under a DeferredInit (a
+// runtime's build) the splittable parameters come without storage and the
+// runtime draws this rank's slice from the model's rule. A row-parallel bias
+// is replicated.
+void initConv(torch::nn::Module& m, const ParallelConv2dOptions& o, at::Tensor& weight, at::Tensor& bias,
+              bool splittableBias) {
   const int64_t fanIn = o.in_channels * o.kernel_size[0] * o.kernel_size[1];
   const double bound = 1.0 / std::sqrt(static_cast<double>(fanIn));
+  const std::vector<int64_t> sizes{o.out_channels, o.in_channels, o.kernel_size[0], o.kernel_size[1]};
   weight = m.register_parameter(
-      "weight", torch::empty({o.out_channels, o.in_channels, o.kernel_size[0], o.kernel_size[1]}).uniform_(-bound, bound));
-  if (o.bias) bias = m.register_parameter("bias", torch::empty({o.out_channels}).uniform_(-bound, bound));
+      "weight", splittableParameter(sizes, [&] { return torch::empty(sizes).uniform_(-bound, bound); }));
+  if (!o.bias) return;
+  auto makeBias = [&] { return torch::empty({o.out_channels}).uniform_(-bound, bound); };
+  bias = m.register_parameter("bias", splittableBias ? splittableParameter({o.out_channels}, makeBias) : makeBias());
 }
 
 at::Tensor conv(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
@@ -72,7 +81,7 @@ at::Tensor conv(const at::Tensor& input, const at::Tensor& weight, const at::Ten
 
 ColumnParallelConv2dImpl::ColumnParallelConv2dImpl(const ParallelConv2dOptions& opts) : options(opts) {
   checkGeometry(options, "ColumnParallelConv2d");
-  initConv(*this, options, weight, bias);
+  initConv(*this, options, weight, bias, /*splittableBias=*/true);
 }
 
 ColumnParallelConv2dImpl::~ColumnParallelConv2dImpl() = default;
@@ -93,7 +102,7 @@ std::vector<std::pair<std::string, int>> ColumnParallelConv2dImpl::splitParamete
 
 RowParallelConv2dImpl::RowParallelConv2dImpl(const ParallelConv2dOptions& opts) : options(opts) {
   checkGeometry(options, "RowParallelConv2d");
-  initConv(*this, options, weight, bias);
+  initConv(*this, options, weight, bias, /*splittableBias=*/false);
 }
 
 RowParallelConv2dImpl::~RowParallelConv2dImpl() = default;
@@ -112,8 +121,8 @@ std::vector<std::pair<std::string, int>> RowParallelConv2dImpl::splitParameters(
 ChannelParallelBatchNorm2dImpl::ChannelParallelBatchNorm2dImpl(int64_t numFeatures, double epsilon, double momentumFactor)
     : num_features(numFeatures), eps(epsilon), momentum(momentumFactor) {
   PTRAIN_CHECK(numFeatures > 0, "ChannelParallelBatchNorm2d: num_features must be positive, got ", numFeatures);
-  weight = register_parameter("weight", torch::ones({numFeatures}));
-  bias = register_parameter("bias", torch::zeros({numFeatures}));
+  weight = register_parameter("weight", splittableParameter({numFeatures}, [&] { return torch::ones({numFeatures}); }));
+  bias = register_parameter("bias", splittableParameter({numFeatures}, [&] { return torch::zeros({numFeatures}); }));
   running_mean = register_buffer("running_mean", torch::zeros({numFeatures}));
   running_var = register_buffer("running_var", torch::ones({numFeatures}));
 }
@@ -148,8 +157,8 @@ ChannelParallelGroupNormImpl::ChannelParallelGroupNormImpl(int64_t numGroups, in
     : num_groups(numGroups), num_channels(numChannels), eps(epsilon) {
   PTRAIN_CHECK(numGroups > 0 && numChannels > 0 && numChannels % numGroups == 0,
                "ChannelParallelGroupNorm: ", numGroups, " groups do not divide ", numChannels, " channels");
-  weight = register_parameter("weight", torch::ones({numChannels}));
-  bias = register_parameter("bias", torch::zeros({numChannels}));
+  weight = register_parameter("weight", splittableParameter({numChannels}, [&] { return torch::ones({numChannels}); }));
+  bias = register_parameter("bias", splittableParameter({numChannels}, [&] { return torch::zeros({numChannels}); }));
 }
 
 ChannelParallelGroupNormImpl::~ChannelParallelGroupNormImpl() = default;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/fused.h"
 #include "ptrain/nn/host_fallback.h"
 #include "ptrain/nn/host_kernels.h"
@@ -21,14 +22,16 @@ ParallelLayer::~ParallelLayer() = default;
 
 void ParallelLayer::setTensorParallel(std::shared_ptr<const TensorParallelState> state) { tp_ = std::move(state); }
 
-// Weights ~ N(0, init_std) and zero biases, GPT-2 style. Drawn full-size from
-// torch's default generator, so equal seeds give equal weights whatever the
-// layout.
+// Weights ~ N(0, init_std) from torch's default generator and zero biases,
+// GPT-2 style, for a layer built on its own; under a DeferredInit (a runtime's
+// build) the parameters the tensor plugin may split come without storage, and
+// the runtime draws this rank's slice from the model's rule.
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t inFeatures, int64_t outFeatures, bool withBias,
                                                    double initStd)
     : in_features(inFeatures), out_features(outFeatures) {
-  weight = register_parameter("weight", torch::randn({outFeatures, inFeatures}) * initStd);
-  if (withBias) bias = register_parameter("bias", torch::zeros({outFeatures}));
+  weight = register_parameter(
+      "weight", splittableParameter({outFeatures, inFeatures}, [&] { return torch::randn({outFeatures, inFeatures}) * initStd; }));
+  if (withBias) bias = register_parameter("bias", splittableParameter({outFeatures}, [&] { return torch::zeros({outFeatures}); }));
 }
 
 ColumnParallelLinearImpl::~ColumnParallelLinearImpl() = default;
@@ -52,7 +55,9 @@ std::vector<std::pair<std::string, int>> ColumnParallelLinearImpl::splitParamete
 
 RowParallelLinearImpl::RowParallelLinearImpl(int64_t inFeatures, int64_t outFeatures, bool withBias, double initStd)
     : in_features(inFeatures), out_features(outFeatures) {
-  weight = register_parameter("weight", torch::randn({outFeatures, inFeatures}) * initStd);
+  weight = register_parameter(
+      "weight", splittableParameter({outFeatures, inFeatures}, [&] { return torch::randn({outFeatures, inFeatures}) * initStd; }));
+  // Replicated: every rank adds it after the reduction.
   if (withBias) bias = register_parameter("bias", torch::zeros({outFeatures}));
 }
 
@@ -78,7 +83,8 @@ std::vector<std::string> RowParallelLinearImpl::sequenceParallelPartialParameter
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t numEmbeddings, int64_t dim, double initStd)
     : num_embeddings(numEmbeddings), embedding_dim(dim) {
-  weight = register_parameter("weight", torch::randn({numEmbeddings, dim}) * initStd);
+  weight = register_parameter(
+      "weight", splittableParameter({numEmbeddings, dim}, [&] { return torch::randn({numEmbeddings, dim}) * initStd; }));
 }
 
 VocabParallelEmbeddingImpl::~VocabParallelEmbeddingImpl() = default;

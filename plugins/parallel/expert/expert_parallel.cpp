@@ -2,18 +2,20 @@
 // (ptrain/nn/moe.h), in Megatron-core's terms.
 //
 // The runtime creates it for every model with experts, whatever ep (at ep=1
-// it places the experts and keeps the step's MoE figures). apply():
-//   - slices every expert tensor ([E, ...]) to this rank's E / ep experts
-//     (dimension 0, in ep-group order), so the run starts from the slices of
-//     the single-rank initialisation, and records the split (axis kExpert) in
+// it places the experts and keeps the step's MoE figures). shard():
+//   - narrows every expert tensor ([E, ...]), built without storage, to this
+//     rank's E / ep experts (dimension 0, in ep-group order), which the
+//     runtime then allocates and draws alone, so the run starts from the
+//     slices of the single-rank initialisation; records the split (axis kExpert) in
 //     the placement, with the parameter in the expert grid etp x ep x edp x
 //     pp: the data plugin sums its gradient over edp, norms count each expert
 //     once, checkpoints gather every expert (a run saved at one ep resumes at
 //     any other);
-//   - under expert tensor parallelism (etp > 1) also slices each expert's
+//   - under expert tensor parallelism (etp > 1) also narrows each expert's
 //     fc1 by output features and fc2 by input features (axis kExpertTensor);
 //     fc2's bias stays whole, added by etp member 0, and finishGradients sums
 //     its gradient over etp;
+// apply():
 //   - hands each layer the ep and etp groups and, under sequence parallelism, the
 //     tensor group (its ranks hold the other parts of the same sequences,
 //     over which the load-balancing loss counts tokens);
@@ -39,6 +41,7 @@
 #include "ptrain/engine/gradients.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
+#include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/moe.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -50,6 +53,48 @@ class ExpertParallel final : public ParallelPlugin {
  public:
   explicit ExpertParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
+  }
+
+  // Keeps this rank's experts of every stacked expert tensor (built without
+  // storage) and, under expert tensor parallelism, its share of their
+  // features; records the splits and the expert grid.
+  void shard(StagedModel& model, const LayoutGroups& groups) override {
+    auto ep = groups.group(GroupKind::kExpert);
+    auto etp = groups.group(GroupKind::kExpertTensor);
+    const auto layers = model.moeLayers();
+    PTRAIN_CHECK_AS(ConfigError, model.numExperts() > 0, "parallel.expert_model_parallel_size=", ep->size(),
+                    ": the model has no MoE layers; set model.num_experts or expert_model_parallel_size: 1");
+    torch::NoGradGuard noGrad;
+    auto named = model.module().named_parameters();
+    for (const auto& [prefix, layer] : layers) {
+      const int64_t total = layer->config().num_experts;
+      PTRAIN_CHECK_AS(ConfigError, total % ep->size() == 0, "parallel.expert_model_parallel_size=", ep->size(),
+                      " does not divide model.num_experts=", total);
+      const int64_t local = total / ep->size();
+      const int64_t ffn = layer->config().ffn_hidden_size;
+      PTRAIN_CHECK_AS(ConfigError, ffn % etp->size() == 0, "parallel.expert_tensor_parallel_size=", etp->size(),
+                      " does not divide the experts' ffn_hidden_size=", ffn);
+      for (const auto& relative : nn::MoeLayerImpl::expertParameterNames()) {
+        const std::string name = prefix + relative;
+        at::Tensor& p = named[name];
+        model.placement.edit(name).grid = ParamGrid::kExpert;
+        if (ep->size() > 1) {
+          nn::narrowParameter(p, 0, ep->rank() * local, local);
+          model.placement.addShard(name, ShardSpec{GroupKind::kExpert, 0, ep->size(), ep->rank(), total});
+        }
+        if (etp->size() == 1) continue;
+        // fc1 by its output features, fc2 by its input features; fc2's bias
+        // whole, added by member 0 only, its gradient summed over etp (apply).
+        const int dim = relative == "experts.fc2.weight" ? 2 : relative.rfind("experts.fc1.", 0) == 0 ? 1 : -1;
+        if (dim < 0) {
+          model.placement.edit(name).partial_gradient = true;
+          continue;
+        }
+        const int64_t slice = ffn / etp->size();
+        nn::narrowParameter(p, dim, etp->rank() * slice, slice);
+        model.placement.addShard(name, ShardSpec{GroupKind::kExpertTensor, dim, etp->size(), etp->rank(), ffn});
+      }
+    }
   }
 
   void apply(StagedModel& model, const LayoutGroups& groups) override {
@@ -69,46 +114,16 @@ class ExpertParallel final : public ParallelPlugin {
       state->sequence_group = tp;
       state->sequence_shards = tp->size();
     }
-
     const auto layers = model.moeLayers();
     const int64_t experts = model.numExperts();
-    PTRAIN_CHECK_AS(ConfigError, experts > 0, "parallel.expert_model_parallel_size=", ep->size(),
-                    ": the model has no MoE layers; set model.num_experts or expert_model_parallel_size: 1");
     // Sized by the whole model (not the layers this stage built): every rank
     // reduces the same figures.
     context_ = std::make_shared<nn::MoeStepContext>(model.numBlocks(), experts);
-
-    torch::NoGradGuard noGrad;
     auto named = model.module().named_parameters();
     for (const auto& [prefix, layer] : layers) {
-      const int64_t total = layer->config().num_experts;
-      PTRAIN_CHECK_AS(ConfigError, total % ep->size() == 0, "parallel.expert_model_parallel_size=", ep->size(),
-                      " does not divide model.num_experts=", total);
-      const int64_t local = total / ep->size();
-      const int64_t ffn = layer->config().ffn_hidden_size;
-      PTRAIN_CHECK_AS(ConfigError, ffn % etp->size() == 0, "parallel.expert_tensor_parallel_size=", etp->size(),
-                      " does not divide the experts' ffn_hidden_size=", ffn);
       for (const auto& relative : nn::MoeLayerImpl::expertParameterNames()) {
         const std::string name = prefix + relative;
-        at::Tensor& p = named[name];
-        ParameterPlacement& placement = model.placement.edit(name);
-        placement.grid = ParamGrid::kExpert;
-        if (ep->size() > 1) {
-          p.set_data(p.narrow(0, state->ep_rank * local, local).clone());
-          model.placement.addShard(name, ShardSpec{GroupKind::kExpert, 0, ep->size(), state->ep_rank, total});
-        }
-        if (etp->size() == 1) continue;
-        // fc1 by its output features, fc2 by its input features; fc2's bias
-        // whole, added by member 0 only, its gradient summed over etp here.
-        const int dim = relative == "experts.fc2.weight" ? 2 : relative.rfind("experts.fc1.", 0) == 0 ? 1 : -1;
-        if (dim < 0) {
-          placement.partial_gradient = true;
-          etpPartial_.push_back(p);
-          continue;
-        }
-        const int64_t slice = ffn / etp->size();
-        p.set_data(p.narrow(dim, state->etp_rank * slice, slice).clone());
-        model.placement.addShard(name, ShardSpec{GroupKind::kExpertTensor, dim, etp->size(), state->etp_rank, ffn});
+        if (etp->size() > 1 && model.placement.of(name).partial_gradient) etpPartial_.push_back(named[name]);
       }
       layer->setExpertParallel(state);
       layer->setStepContext(context_);

@@ -34,12 +34,20 @@ class TensorParallel final : public ParallelPlugin {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
   }
 
-  void apply(StagedModel& model, const LayoutGroups& groups) override {
+  // Narrows the planned parameters (built without storage) to this rank's
+  // slices and records the splits.
+  void shard(StagedModel& model, const LayoutGroups& groups) override {
     auto group = groups.group(GroupKind::kTensor);
     state_ = nn::TensorParallelState::create(group, sequenceParallel_ && group->size() > 1);
-    const std::vector<std::string> partial = nn::applyTensorParallel(model, state_);
+    partialNames_ = nn::shardTensorParallel(model, *state_);
+  }
+
+  void apply(StagedModel& model, const LayoutGroups& groups) override {
+    PTRAIN_CHECK(state_ != nullptr, "parallel/tensor: apply() before shard()");
+    nn::setTensorParallelState(model, state_);
     auto named = model.module().named_parameters();
-    for (const auto& name : partial) partial_.push_back(named[name]);
+    auto group = state_->group;
+    for (const auto& name : partialNames_) partial_.push_back(named[name]);
     size_t split = 0;
     for (const auto& item : named) split += model.placement.of(item.key()).shardAlong(GroupKind::kTensor) ? 1 : 0;
     logger()->debug("tensor parallel over {}: {} split parameters{}", group->name(), split,
@@ -61,6 +69,7 @@ class TensorParallel final : public ParallelPlugin {
   at::Device device_;
   bool sequenceParallel_ = false;
   std::shared_ptr<nn::TensorParallelState> state_;
+  std::vector<std::string> partialNames_;
   std::vector<at::Tensor> partial_;  // parameters whose gradients are all-reduced in finishGradients
 };
 

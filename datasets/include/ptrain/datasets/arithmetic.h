@@ -121,6 +121,9 @@ class ArithmeticDataset {
   //   "targets"   [size, seq_length] int64  row[1:]
   //   "loss_mask" [size, seq_length] float  1 where the target is an answer token or its EOS
   Batch trainBatch(int64_t step, int64_t size) const;
+  // Rows [begin, end) of trainBatch(step, any size >= end): problems
+  // begin..end-1 of that step, made alone.
+  Batch trainRows(int64_t step, int64_t begin, int64_t end) const;
   // The evaluation problems (eval_size of them, from the evaluation stream).
   std::vector<ArithmeticProblem> evalProblems() const;
   // Any problems laid out like trainBatch().

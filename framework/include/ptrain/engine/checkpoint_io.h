@@ -53,6 +53,21 @@ PTRAIN_API std::string checkpointDir(const std::string& runDir, int64_t step);
 PTRAIN_API void writeCheckpointAtomically(const std::string& runDir, int64_t step,
                                           const std::function<void(const std::string& tmpDir)>& writeFiles);
 
+// The same in three calls, for a save that several processes write (each rank
+// its own files): one process calls beginCheckpoint, which creates
+// RUN_DIR/checkpoints and the empty hidden folder checkpointTmpDir(runDir,
+// step, its pid) and returns that path; every writer puts its files there
+// (syncFile each); the one process then calls commitCheckpoint (sync, rename
+// into place, remove leftovers; on failure the folder is removed and the
+// error propagates) or, when a writer failed, abandonCheckpoint (removes the
+// folder, best effort). Throws as writeCheckpointAtomically does.
+PTRAIN_API std::string checkpointTmpDir(const std::string& runDir, int64_t step, int64_t pid);
+PTRAIN_API std::string beginCheckpoint(const std::string& runDir, int64_t step);
+PTRAIN_API void commitCheckpoint(const std::string& runDir, int64_t step, const std::string& tmpDir);
+PTRAIN_API void abandonCheckpoint(const std::string& tmpDir);
+// fsyncs one file; throws CheckpointError naming it.
+PTRAIN_API void syncFile(const std::string& path);
+
 // Steps of the complete checkpoints of `runDir` (folders named exactly
 // step_<N>), ascending; empty when there are none or the folder is missing.
 // Hidden and unrelated entries are ignored. Throws CheckpointError when

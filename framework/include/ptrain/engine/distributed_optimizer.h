@@ -29,14 +29,15 @@
 // Norm and checks: local()'s parameters are the pieces, named after their
 // parameters, with the reduced gradient ranges as their gradients; each rank
 // counts its own pieces (countedInNorm with the reduce group partitioned).
-// Checkpoints stay full: fullState() all-gathers each slot into
-// "<slot>.<param>" tensors shaped like the rank's parameter (the same entries
-// as the non-sharded optimizer's state(), "master.<param>" only for
-// parameters that are not float32) and loadFullState() takes such tensors
-// back, so a checkpoint moves between any dp and either optimizer.
+// Checkpoints: each rank saves its own ranges (pieces()) as flat blocks of
+// the parameters' tensors, under the names the non-sharded optimizer's
+// state() uses ("<slot>.<param>", and "master.<param>" only for parameters
+// that are not float32), and loads whatever ranges it holds from a checkpoint
+// of any layout, so a checkpoint moves between any dp and either optimizer
+// without a rank ever holding more than its ranges (sharded_checkpoint.h).
 //
 // Thread-safety: one thread per rank; every member of a group calls the
-// collective methods (finishGradients, afterStep, fullState) in the same order.
+// collective methods (finishGradients, afterStep) in the same order.
 #pragma once
 
 #include <map>
@@ -74,14 +75,23 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   void afterStep(const StepResult& result) override;
   std::map<std::string, double> stepStats() const override;
 
-  // Collective over every group: the state as the non-sharded optimizer's
-  // state() gives it (see above).
-  std::vector<std::pair<std::string, at::Tensor>> fullState() const;
-  // The inverse: entries shaped like this rank's parameters; missing
-  // "master.<param>" entries (a checkpoint of a float32 run) start from the
-  // parameter's values. Throws CheckpointError for a missing entry or a
-  // wrong shape.
-  void loadFullState(const std::map<std::string, at::Tensor>& state, int64_t stepCount);
+  // One parameter's range on this rank: elements [begin, end) of the
+  // parameter's tensor on this rank (row-major), the optimizer's own tensors
+  // of that range (read a checkpoint into them to load it), and whether this
+  // rank is the one that saves it (countedInNorm: not a copy a tensor-parallel
+  // peer holds too).
+  struct Piece {
+    std::string name;                  // the parameter's
+    std::vector<int64_t> param_sizes;  // its tensor on this rank
+    at::ScalarType param_dtype = at::kFloat;
+    int64_t begin = 0, end = 0;
+    at::Tensor master;                 // [end - begin] float32, the master values
+    std::vector<std::pair<std::string, at::Tensor>> slots;  // ("exp_avg", [end - begin]), ...
+    bool saved_here = false;
+  };
+  std::vector<Piece> pieces();
+  // The count of applied steps, after a checkpoint was read into pieces().
+  void setStepCount(int64_t steps) { local_->setStepCount(steps); }
   // Bytes this rank holds for the optimizer: state slots and master pieces.
   int64_t stateBytes() const;
 

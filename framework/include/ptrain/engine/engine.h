@@ -21,6 +21,8 @@
 
 namespace ptrain {
 
+struct LayoutRequest;
+
 class Communicator;
 class PluginRegistry;
 class Trainer;
@@ -47,6 +49,14 @@ struct PTRAIN_API PreparedRecipe {
 PTRAIN_API PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::string>& overrides,
                                         int worldSize, int rank = 0);
 
+// A layout that splits parameters (tp, or ep / etp for a model with experts,
+// above 1) needs a model that builds only each rank's slice of them: builds
+// the trainer's model (set up) whole without storage, as a runtime does
+// (nn::DeferredInit: next to no memory), and throws ConfigError at the
+// parallel key when it cannot (checkShardedBuild, engine/model.h).
+// prepareRecipe and `ptrain check` call it.
+PTRAIN_API void checkModelBuildsSlices(const Recipe& recipe, const LayoutRequest& layout, Trainer& trainer);
+
 struct TrainSummary {
   int64_t steps = 0;
   double final_loss = 0;
@@ -54,6 +64,17 @@ struct TrainSummary {
   double tokens_per_s = 0;  // of the trainer's throughputUnit()
   std::string throughput_unit = "tokens";
   double wall_s = 0;
+  // Seconds from launch to the first training step (metrics' startup_s).
+  double startup_s = 0;
+  // Checkpoints saved, and over all of them the slowest rank's seconds and
+  // every rank's bytes summed; the load a resumed run began with, likewise.
+  int64_t checkpoint_saves = 0;
+  double checkpoint_save_s = 0;
+  double checkpoint_save_bytes = 0;
+  double checkpoint_load_s = 0;
+  double checkpoint_load_bytes = 0;
+  // Each rank's peak resident set over the whole run (MiB), by rank.
+  std::vector<double> peak_rss_mb_ranks;
 };
 
 struct EngineOptions {
@@ -92,19 +113,34 @@ class PTRAIN_API TrainingSession {
 
   // Appends a line to RUN_DIR/metrics.jsonl (rank 0; others ignore it).
   void writeMetrics(const nlohmann::json& line);
+  // Call right before the first training step: writes {"step", "startup_s"}
+  // (seconds since launch, core/resources.h) to metrics.jsonl. The default
+  // loop calls it; a trainer with a loop of its own calls it too.
+  void beginTraining(int64_t step);
   // Saves every runtime's share and `extra` (merged into meta.json) as
-  // checkpoint `step`, atomically, keeping checkpoint.keep of them.
-  // Collective over the world.
+  // checkpoint `step`, atomically, keeping checkpoint.keep of them: each rank
+  // writes what it owns (engine/sharded_checkpoint.h). Writes each rank's
+  // seconds and bytes to metrics.jsonl ({"step", "checkpoint_save_s": [per
+  // rank], "checkpoint_save_bytes": [per rank]}). Collective over the world.
   void saveCheckpoint(int64_t step, const std::vector<ModelRuntime*>& runtimes, const nlohmann::json& extra = {});
-  // Loads the newest checkpoint into the runtimes and restores the RNG
-  // state; returns its step. Throws CheckpointError when there is none, or it
-  // is corrupt or holds other models. Collective over the world.
+  // Loads the newest checkpoint into the runtimes (each rank reading its
+  // blocks, from a checkpoint of any layout or precision) and restores the
+  // RNG state; returns its step. Writes each rank's seconds and bytes read
+  // ("checkpoint_load_s", "checkpoint_load_bytes"). Throws CheckpointError on
+  // every rank when there is none, or it is damaged or holds other models.
+  // Collective over the world.
   int64_t restoreLatest(const std::vector<ModelRuntime*>& runtimes);
-  // Loads the newest weights of another run (`runDir`, its first file of
-  // `files` that exists) into the runtimes; optimizers stay fresh. Returns
-  // that checkpoint's step. Throws CheckpointError. Collective over the world.
-  int64_t loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& files,
+  // Loads the newest weights of another run (`runDir`; the first of
+  // `sources`, runtime names such as "model" or "actor", that its checkpoint
+  // holds) into the runtimes; optimizers stay fresh. Returns that
+  // checkpoint's step. Throws CheckpointError. Collective over the world.
+  int64_t loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& sources,
                           const std::vector<ModelRuntime*>& runtimes);
+  // The start-up and checkpoint figures so far, and every rank's peak
+  // resident set, into `summary`, and the peaks to metrics.jsonl ({"step",
+  // "peak_rss_mb_ranks": [per rank]}). Collective over the world; train()
+  // calls it for every trainer once it has finished.
+  void addFigures(TrainSummary& summary);
 
  private:
   PreparedRecipe& prepared_;
@@ -114,6 +150,9 @@ class PTRAIN_API TrainingSession {
   std::unique_ptr<Communicator> comm_;
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
+  TrainSummary figures_;  // startup_s and the checkpoint_* fields
+  // Each rank's seconds and bytes of one save or load, to metrics.jsonl.
+  void recordIo(int64_t step, const char* what, double seconds, double bytes);
 };
 
 // The engine's training loop over one runtime (Trainer::train's default).

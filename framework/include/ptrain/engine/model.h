@@ -23,6 +23,7 @@
 
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/placement.h"
+#include "ptrain/nn/parameter_init.h"
 
 namespace ptrain {
 
@@ -151,6 +152,32 @@ class PTRAIN_API StagedModel {
   // Named parameters this rank holds (placement.held), in module order.
   std::vector<std::pair<std::string, at::Tensor>> localParameters();
 
+  // How parameter `name`, of whole sizes `fullSizes`, starts
+  // (nn/parameter_init.h): the rule any block of it is drawn from alone.
+  // nullopt: the model has no rule for it. The default has none; a model
+  // built from ptrain::nn parallel layers gives one for every parameter, so
+  // that a runtime can build it under nn::DeferredInit (each rank allocating
+  // and drawing only its slice); `ptrain check` refuses a layout that splits
+  // a parameter without one.
+  virtual std::optional<nn::ParameterInit> parameterInit(const std::string& name,
+                                                         const std::vector<int64_t>& fullSizes) const {
+    return std::nullopt;
+  }
+  // Fills every parameter that has storage, whole, from parameterInit, and
+  // leaves deferred ones (nn::isDeferred) to materialiseParameters. A model
+  // calls it at the end of its constructor. Throws InternalError naming a
+  // parameter without a rule.
+  void initialiseParameters();
+  // Gives every deferred parameter storage for the block placement says this
+  // rank holds: allocated as float32 on the host, filled from parameterInit
+  // (the values the whole tensor has there), then moved to `device`; the
+  // parameter object stays the same (set_data). Returns the bytes allocated.
+  // Called by the runtime after the parallel plugins' shard(). Throws
+  // ConfigError naming a deferred parameter without a rule.
+  int64_t materialiseParameters(at::Device device);
+  // Names of the parameters still deferred, in module order.
+  std::vector<std::string> deferredParameters();
+
   // Tensor parallelism, driven by the tensor plugin (ptrain::nn::
   // applyTensorParallel): it asks for the plan, shards the parameters of the
   // plan's layers, gives each layer the state, then calls setTensorParallel
@@ -182,5 +209,14 @@ class PTRAIN_API StagedModel {
   // Pipeline parallelism (set by the pipeline plugin; null without it).
   std::shared_ptr<PipelineInference> pipeline;
 };
+
+// Why `model` cannot build only a rank's slice of what tensor parallelism
+// (tp > 1) or expert parallelism (ep or etp > 1) splits, or nullopt when it
+// can. `model` must be built whole under nn::DeferredInit, as a runtime builds
+// it: a parameter that a plan splits must then have no storage yet
+// (nn::isDeferred) and an initial-value rule (StagedModel::parameterInit),
+// else every rank would hold the whole tensor. The first problem, naming the
+// parameter; a model without tensor parallelism says so.
+PTRAIN_API std::optional<std::string> checkShardedBuild(StagedModel& model, int64_t tp, int64_t ep, int64_t etp);
 
 }  // namespace ptrain

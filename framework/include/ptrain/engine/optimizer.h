@@ -7,7 +7,7 @@
 // float32 tensors in host memory are updated by one fused pass per tensor
 // (engine/adamw_kernel.cpp); others by multi-tensor (foreach) kernels.
 // SGD (as torch.optim.SGD): g += wd * p; buf = momentum * buf + g;
-// p -= lr * buf (buf = g without momentum).
+// p -= lr * buf (buf = g without momentum, which then keeps no state).
 //
 // Parameter groups: makeOptimizer puts tensors of two or more dimensions in
 // a group with weight decay and the rest (biases, norm scales) in one
@@ -115,6 +115,9 @@ class PTRAIN_API Optimizer {
   void zeroGrad();
   // Applied steps so far (restored from checkpoints).
   int64_t stepCount() const { return step_; }
+  // Sets the count of applied steps: a checkpoint loaded into state() in
+  // place.
+  void setStepCount(int64_t steps) { step_ = steps; }
 
   // The parameters it updates, in the order they were given, and their names.
   const std::vector<at::Tensor>& parameters() const { return params_; }

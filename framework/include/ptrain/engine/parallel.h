@@ -54,10 +54,21 @@ class PTRAIN_API ParallelPlugin : public Plugin, public StepHooks {
   // `outline` is the model built from ModelBuild::outline() (no parameters;
   // numBlocks, prefixes and blockCost answer). Default: leaves it.
   virtual void planBuild(StagedModel& outline, const LayoutGroups& groups, ModelBuild& build) {}
+  // Before any parameter has storage: narrows the parameters this plugin
+  // splits to this rank's slice and records the splits in model.placement.
+  // The runtime builds the model under nn::DeferredInit, so the parameters a
+  // plugin may split are deferred (nn/deferred_init.h): narrow them with
+  // nn::narrowParameter, which allocates nothing; after every plugin's shard
+  // the runtime allocates each slice and draws it from the model's rule
+  // (StagedModel::materialiseParameters), so no rank holds a whole tensor of
+  // a split parameter. Called once per plugin, in order, right after the
+  // build. Default: splits nothing.
+  virtual void shard(StagedModel& model, const LayoutGroups& groups) {}
   // Distributes `model` over this rank's groups of the runtime's layout:
-  // shards parameters, records their placement (model.placement), registers
-  // gradient hooks. Called once, after the earlier plugins' apply and before
-  // the optimizer sees the parameters.
+  // hands layers their groups, records what else the placement needs,
+  // registers gradient hooks. Called once, after every plugin's shard, the
+  // parameters' allocation and the precision plugin's cast, after the
+  // earlier plugins' apply and before the optimizer sees the parameters.
   virtual void apply(StagedModel& model, const LayoutGroups& groups) = 0;
   // A plugin that orders the forward and backward passes itself (the
   // pipeline) runs them here and returns the sum of the loss_sum values it

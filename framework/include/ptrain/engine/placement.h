@@ -84,6 +84,10 @@ struct PTRAIN_API ParameterPlacement {
   at::Tensor sliceOfFull(const at::Tensor& full, const std::string& name) const;
   // The full shape of the parameter whose local shard has `localSizes`.
   std::vector<int64_t> fullSizes(at::IntArrayRef localSizes) const;
+  // Where this rank's shard (of `localSizes`) starts in the full tensor: per
+  // dimension, index x the shard's size along every split dimension, 0 along
+  // the others.
+  std::vector<int64_t> offsets(at::IntArrayRef localSizes) const;
 };
 
 class PTRAIN_API Placement {

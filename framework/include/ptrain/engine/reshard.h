@@ -13,9 +13,9 @@ class ModelRuntime;
 // Copies `from`'s parameters into `to`: two runtimes of one model (the same
 // parameter names and full shapes) on one communicator's world, whose
 // layouts may differ. Each parameter `from` splits is all-gathered over the
-// groups it is split across, so every rank holds it whole, and each rank of
-// `to` keeps its own slice (Placement::sliceOfFull), in `to`'s dtype and on
-// its device. Collective over the world; every rank calls it with the same
+// groups it is split across that `to` does not split it across the same way
+// (a split both share stays local), and each rank of `to` keeps its own
+// slice, in `to`'s dtype and on its device. Collective over the world; every rank calls it with the same
 // pair. Throws ConfigError when either layout has a pipeline (a stage holds
 // only its own blocks; not supported yet), CheckpointError when a parameter
 // of `to` is missing from `from` or has another full shape.

@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -50,6 +51,7 @@
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/offload.h"
 #include "ptrain/engine/optimizer.h"
+#include "ptrain/engine/sharded_checkpoint.h"
 #include "ptrain/layout/parallel_layout.h"
 
 namespace ptrain {
@@ -137,10 +139,21 @@ class PTRAIN_API ModelRuntime {
   // Before the first step.
   void addHooks(std::shared_ptr<StepHooks> hooks);
 
-  // This data-parallel rank's slice of a global batch, cut into micro-batches
-  // of `microBatchSize` rows (0: one micro-batch), moved to the device.
-  // Throws ConfigError when the rows do not split evenly.
+  // The rows [begin, end) of a global batch of `rows` rows that this
+  // data-parallel rank consumes: an even slice, or its
+  // parallel.data_parallel_shares weight of the rows. Throws ConfigError when
+  // the rows do not split.
+  std::pair<int64_t, int64_t> dataRows(int64_t rows) const;
+  // This rank's rows (dataRows of a global batch) cut into micro-batches of
+  // `microBatchSize` rows (0: one micro-batch), moved to the device. Throws
+  // ConfigError when they do not split evenly.
+  std::vector<Batch> cutMicroBatches(const Batch& rows, int64_t microBatchSize) const;
+  // The same from the whole global batch: this rank's slice, cut.
   std::vector<Batch> microBatches(const Batch& globalBatch, int64_t microBatchSize) const;
+  // Each value summed over the data-parallel group (every rank of it passes
+  // its rows' figures): counts of the whole global batch from each rank's
+  // rows. Collective over the data-parallel group.
+  std::vector<double> sumOverDataParallel(const std::vector<double>& values) const;
 
   // One training step: forward and backward over the micro-batches, the
   // hooks' gradient work, clipping, and (unless a hook vetoes it) the
@@ -159,32 +172,32 @@ class PTRAIN_API ModelRuntime {
   // train mode. Collective when `fn` is.
   void inference(const std::function<void(StagedModel& model, const EvalContext& ctx)>& fn);
 
-  // Checkpoint share (collective over the world): this runtime's parameters
-  // and optimizer state, gathered full-size to the world's rank 0 (other
-  // ranks get empty lists). Names are parameter names; optimizer entries
-  // "<slot>.<param>", and the precision plugin's state (the loss scaler)
-  // "precision.<name>".
-  struct Tensors {
-    std::vector<std::pair<std::string, at::Tensor>> parameters;
-    std::vector<std::pair<std::string, at::Tensor>> optimizer;
-  };
-  Tensors gatherForCheckpoint();
-  // Loads full-size parameters (from any layout) into this rank's shards and
-  // leaves the optimizer as it is: a run that starts from another run's
-  // weights (init_from). Collective over the world. Throws CheckpointError
-  // naming `where` as loadCheckpoint does.
-  void loadParameters(const std::map<std::string, at::Tensor>& parameters, const std::string& where);
-  // Loads full-size tensors (from any layout) into this rank's shards, and the
-  // optimizer state with its applied-step count. Collective over the world.
-  // Throws CheckpointError naming `where` when a tensor is missing, has
-  // another shape, or the checkpoint holds another model.
-  void loadCheckpoint(const std::map<std::string, at::Tensor>& parameters,
-                      const std::map<std::string, at::Tensor>& optimizerState, int64_t optimizerSteps,
-                      const std::string& where);
-  // File names of this runtime's share of a checkpoint folder:
-  // "model.safetensors" / "optimizer.safetensors" for the runtime named
-  // "model", "<name>.model.safetensors" / "<name>.optimizer.safetensors" else.
-  std::string checkpointFile(bool optimizerState) const;
+  // Checkpoints (engine/sharded_checkpoint.h). No communication in either.
+  //
+  // What this rank writes of this runtime, each tensor once in the job, with
+  // the block of the whole tensor it is: the parameters it owns (held, not a
+  // mirror, and the first rank along every axis the parameter is replicated
+  // over: Placement::countedInNorm), their optimizer state (slots, and
+  // "master.<param>" for parameters that are not float32; under
+  // optimizer.distributed this rank's ranges, as flat blocks), and on the
+  // world's rank 0 the precision plugin's state ("precision.<name>").
+  RankShare checkpointShare();
+  // Reads this rank's blocks of a checkpoint written at any layout and any
+  // precision (sharded, or whole tensors of an earlier ptrain) from the
+  // tensors `reader` holds for runtime `source`: every parameter this rank
+  // holds (a float32 one from "master.<param>" where the checkpoint kept
+  // float32 masters of lower-precision parameters), and with `withOptimizer`
+  // the optimizer state (masters from "master.<param>", else from the saved
+  // parameter: a float32 checkpoint), its applied-step count
+  // `optimizerSteps` and the precision plugin's state. Throws CheckpointError
+  // naming the folder when a tensor is missing or has another shape (a
+  // checkpoint of another model), or what the reader throws.
+  void loadCheckpoint(CheckpointReader& reader, const std::string& source, bool withOptimizer,
+                      int64_t optimizerSteps = 0);
+  // Parameters the whole model has (held and not a mirror, summed over the
+  // pipeline stages), to tell a checkpoint of another model: collective over
+  // the pipeline group.
+  int64_t ownedParameterCount();
 
  private:
   at::Tensor runBlock(int index, const at::Tensor& input);

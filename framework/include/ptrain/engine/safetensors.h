@@ -62,6 +62,57 @@ struct PTRAIN_API SafetensorsFile {
   bool contains(const std::string& name) const { return tensors.count(name) != 0; }
 };
 
+// zlib's CRC-32 (Python's zlib.crc32) of a file: whole, and of each
+// `block_bytes` block of it (the last one shorter), so that a reader of part
+// of the file can check exactly the blocks it reads.
+struct PTRAIN_API FileChecksum {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  uint64_t block_bytes = 0;
+  std::vector<uint32_t> block_crc32;
+};
+
+// The checksum block of every file ptrain writes.
+constexpr uint64_t kChecksumBlockBytes = uint64_t{1} << 20;
+
+// A tensor's header entry before its data is at hand.
+struct SafetensorsTensorSpec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+// Writes a file in the format above one tensor at a time: the header from
+// the specs first, then each tensor's data in order() (ascending names), so
+// only one tensor needs to be in memory. saveSafetensors is this writer.
+// Throws CheckpointError (with the path) as saveSafetensors does, and for a
+// tensor appended out of order or of another dtype or shape than its spec.
+class PTRAIN_API SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<SafetensorsTensorSpec> specs,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // The order the tensors' data must be appended in.
+  const std::vector<SafetensorsTensorSpec>& order() const { return specs_; }
+  // The next tensor's data (copied to host memory while it is written).
+  void append(const at::Tensor& tensor);
+  // Closes the file after the last tensor; returns its checksum.
+  FileChecksum finish();
+
+ private:
+  void write(const void* data, size_t size);
+
+  std::string path_;
+  std::vector<SafetensorsTensorSpec> specs_;
+  size_t next_ = 0;
+  int fd_ = -1;
+  FileChecksum checksum_;
+  uint32_t blockCrc_ = 0;
+  uint64_t blockFill_ = 0;
+};
+
 // Writes `tensors` and `metadata` to `path` (created or truncated) in the
 // format above. Each tensor is detached and copied to CPU contiguous memory one
 // at a time while writing, so peak extra memory is the largest tensor. Names
@@ -73,15 +124,18 @@ struct PTRAIN_API SafetensorsFile {
 // Throws CheckpointError (with the path) for an undefined tensor, an
 // unsupported dtype (e.g. complex), a bad or duplicate name, or an I/O error.
 // Thread-safe for distinct paths.
+// With `checksum`, receives the file's CRC-32 (whole and per block).
 PTRAIN_API void saveSafetensors(const std::string& path,
                                 const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                const std::map<std::string, std::string>& metadata = {});
+                                const std::map<std::string, std::string>& metadata = {},
+                                FileChecksum* checksum = nullptr);
 
 // Reads and validates only the header of `path`; entries in ascending order of
-// data offset. `metadata`, when not null, receives "__metadata__".
-// Throws CheckpointError as loadSafetensors() does.
+// data offset. `metadata`, when not null, receives "__metadata__";
+// `dataStart`, the file offset of the first data byte (entries' offsets count
+// from there). Throws CheckpointError as loadSafetensors() does.
 PTRAIN_API std::vector<SafetensorsEntry> readSafetensorsHeader(
-    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr, uint64_t* dataStart = nullptr);
 
 // Reads the whole of `path`. Every malformed input (a missing or truncated
 // file, a header length past the end of the file, a header that is not a JSON

@@ -53,11 +53,18 @@ class PTRAIN_API Trainer : public Plugin {
   // parts are built.
   virtual std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) = 0;
   // The global batch of `step` (0-based): a pure function of the seed, the
-  // step and the size, so every rank draws the same one and splits it.
+  // step and the size, so every layout sees the same rows.
   virtual Batch globalBatch(int64_t step, int64_t globalBatchSize) = 0;
+  // Rows [begin, end) of that global batch: what one data-parallel rank
+  // consumes each step (the default loop asks for nothing else). The same
+  // rows globalBatch(step, size).slice(begin, end) holds; the default builds
+  // the global batch and takes them, a trainer whose data can make a range of
+  // rows alone overrides it, so that no rank builds the whole global batch.
+  virtual Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end);
   // Items the loss of `batch` sums over (e.g. answer tokens): the engine
   // divides every micro-batch's loss_sum by this count for the whole global
-  // batch. Default: one per row.
+  // batch, summed over the data-parallel ranks' rows, so it must add up over
+  // rows. Default: one per row.
   virtual double lossCount(const Batch& batch) const { return static_cast<double>(batch.size()); }
   // Tokens (or samples) in a batch, for throughput figures.
   virtual double tokensIn(const Batch& batch) const = 0;
@@ -69,6 +76,15 @@ class PTRAIN_API Trainer : public Plugin {
   // After setup: the model's shape for the planner's cost model (`ptrain
   // plan`, plan/cost_model.h); nullopt for a model it cannot size.
   virtual std::optional<plan::ModelShape> modelShape() const { return std::nullopt; }
+  // After setup, for a model that is not GPT-shaped (modelShape() is
+  // nullopt): what one rank of pipeline stage `stage` of `layout` holds
+  // (parameters, gradients, optimizer state, activations of the micro-batches
+  // in flight, communication buffers; the planner adds the device's reserved
+  // memory). `ptrain plan` prints it and checks it against the device.
+  // nullopt: the trainer cannot say.
+  virtual std::optional<plan::MemoryEstimate> stageMemory(const plan::Layout& layout, int64_t stage) const {
+    return std::nullopt;
+  }
   // Metrics named eval_* (e.g. eval_exact_match in [0, 1], eval_loss).
   virtual std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) = 0;
 

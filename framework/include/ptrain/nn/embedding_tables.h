@@ -61,6 +61,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "ptrain/core/error.h"
+#include "ptrain/nn/parameter_init.h"
 #include "ptrain/nn/parallel_layers.h"
 
 namespace ptrain {
@@ -144,8 +145,10 @@ PTRAIN_API void fillEmbeddingRows(at::Tensor& out, uint64_t tableSeed, int64_t f
 
 class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public ParallelLayer {
  public:
-  // Builds every table full-size (the tensor plugin keeps this rank's rows).
-  // Throws ConfigError for bad options.
+  // Builds every table full-size (the tensor plugin keeps this rank's rows),
+  // or only shard_rank's rows of shard_count; under a DeferredInit
+  // (deferred_init.h) the tables come without storage and the runtime fills
+  // this rank's rows with parameterInit. Throws ConfigError for bad options.
   explicit EmbeddingTablesImpl(EmbeddingTablesOptions options);
   ~EmbeddingTablesImpl() override;
 
@@ -179,6 +182,10 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   // plugin records them as it slices).
   void placeShards(Placement& placement, const std::string& prefix) const;
 
+  // How the parameter `local` ("row_wise.<table>" or "table_wise") starts:
+  // any block of its rows, drawn alone (the tables' values, zero padding).
+  ParameterInit parameterInit(const std::string& local) const;
+
   const EmbeddingTablesOptions& options() const { return options_; }
   const EmbeddingShardingPlan& plan() const { return plan_; }
   int64_t numTables() const { return static_cast<int64_t>(options_.tables.size()); }
@@ -195,6 +202,9 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   at::Tensor table_wise;
 
  private:
+  // Rows [firstRow, firstRow + rows.size(0)) of the parameter `local` of the
+  // full (unsharded) layout: each table's values, zeros elsewhere.
+  void fillRows(const std::string& local, at::Tensor& rows, int64_t firstRow) const;
   // This rank's contribution to each request: [..., dim] (or [B, dim]
   // pooled), zeros for ids it does not hold. The requests reading one
   // parameter (the table-wise pack, a table asked twice) share one embedding

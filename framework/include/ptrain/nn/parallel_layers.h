@@ -6,10 +6,14 @@
 //   RowParallelLinear      weight split along the input dimension
 //   VocabParallelEmbedding rows of the vocabulary split across ranks
 // On one rank (no TensorParallelState, or one of size 1) they compute exactly
-// torch's Linear / Embedding. Parameters are always created full-size (so a
-// run of any layout starts from the same initialisation); the tensor plugin
-// slices them to its rank (applyTensorParallel, tensor_parallel.h) and then
-// hands each layer the state with setTensorParallel().
+// torch's Linear / Embedding. Parameters are declared full-size (so a run of
+// any layout starts from the same initialisation): in a runtime's build
+// (nn::DeferredInit, deferred_init.h) the ones the tensor plugin splits come
+// without storage, the plugin narrows them to its rank (shardTensorParallel,
+// tensor_parallel.h) and the runtime allocates and draws only that slice; a
+// layer built on its own draws N(0, init_std) weights and zero biases from
+// torch's default generator. The tensor plugin then hands each layer the state
+// with setTensorParallel().
 //
 // Under tensor parallelism (see docs/tensor_parallel.md):
 //   column: input -> copyToTpRegion (or, with sequence parallelism, an
