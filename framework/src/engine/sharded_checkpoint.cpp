@@ -663,7 +663,7 @@ void agreeOnFailure(ProcessGroup& world, at::Device device, const std::string& e
   const int64_t worst = flag.cpu().item<int64_t>();
   if (worst == 0) return;
   if (!error.empty()) throw CheckpointError(error);
-  throw CheckpointError(detail::concat(what, ": rank ", world.size() - worst, " failed (its error is in its log)"));
+  throw CheckpointError(detail::concat(what, ": stopped, because rank ", world.size() - worst, " failed (its own line says why)"));
 }
 
 uint64_t writeShardedCheckpoint(const std::string& dir, int64_t step, const std::vector<ModelRuntime*>& runtimes,

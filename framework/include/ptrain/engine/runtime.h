@@ -9,10 +9,17 @@
 //   2. an outline of the model (ModelBuild::outline()) lets them plan which
 //      parts this rank builds (the pipeline keeps its stage's blocks);
 //   3. torch's generator is seeded with `seed` and the factory builds those
-//      parts; every parameter draws its values from its own stream, so every
-//      layout starts from the single-rank weights;
-//   4. the precision plugin (engine/precision.h) casts the model to its dtype;
-//   5. each parallel plugin applies itself in order, recording placements;
+//      parts under nn::DeferredInit: the parameters a plugin may split come
+//      without storage (nn/deferred_init.h);
+//   4. each parallel plugin's shard() narrows them to this rank's slices
+//      (tensor, expert) and records the splits; a split parameter its layer
+//      built with storage is refused (ConfigError); then only the slices are
+//      allocated and drawn from the model's rule (StagedModel::
+//      materialiseParameters): every parameter's values are a pure function
+//      of its seed and each element's position, so every layout starts from
+//      the single-rank weights and no rank holds a whole split tensor;
+//   5. the precision plugin (engine/precision.h) casts the model to its
+//      dtype, and each parallel plugin applies itself in order;
 //   6. the optimizer takes the parameters this rank holds (none when the
 //      model is not trained, e.g. a frozen reference or a rollout copy),
 //      with float32 master weights when the precision plugin asks for them

@@ -161,8 +161,8 @@ PTRAIN_API uint64_t writeShardedCheckpoint(const std::string& dir, int64_t step,
 
 // Collective over `world`: every rank learns whether any rank failed. With
 // `error` empty on every rank, returns; otherwise throws CheckpointError on
-// every rank: `error` where it happened, "<what>: rank R failed (its error
-// is in its log)" elsewhere. Collective tensors live on `device`.
+// every rank: `error` where it happened, "<what>: stopped, because rank R
+// failed (its own line says why)" elsewhere. Collective tensors live on `device`.
 PTRAIN_API void agreeOnFailure(ProcessGroup& world, at::Device device, const std::string& error,
                                const std::string& what);
 
