@@ -150,7 +150,7 @@ TEST(Cuda, TrainingMatchesCpuAndCheckpointsResumeOnCpu) {
   const std::string resumed = tmp.path() + "/resumed";
   fs::create_directories(resumed + "/checkpoints");
   fs::copy(tmp.path() + "/gpu/checkpoints/step_10", resumed + "/checkpoints/step_10", fs::copy_options::recursive);
-  r = run(resumed, {"device=cpu", "--resume"});
+  r = run(resumed, {"device=cpu", "--resume", "--allow-changes"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto after = losses(resumed);
   ASSERT_EQ(after.count(20), 1u) << r.output;

@@ -169,7 +169,7 @@ TEST(DetectionTrainer, CheckpointResumesAtAnotherTensorParallelSize) {
   const std::string resumed = tmp.path() + "/resumed";
   fs::create_directories(resumed + "/checkpoints");
   fs::copy(tp2 + "/checkpoints/step_10", resumed + "/checkpoints/step_10", fs::copy_options::recursive);
-  r = runPtrain({"run", recipe, "--nproc", "1", "--run-dir", resumed, "--resume"}, {"OMP_NUM_THREADS=1"}, 300);
+  r = runPtrain({"run", recipe, "--nproc", "1", "--run-dir", resumed, "--resume", "--allow-changes"}, {"OMP_NUM_THREADS=1"}, 300);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = lossesOf(tp2), got = lossesOf(resumed);
   for (int step = 11; step <= 20; ++step) {

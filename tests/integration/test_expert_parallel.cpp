@@ -79,7 +79,7 @@ TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
     fs::create_directories(dir + "/checkpoints");
     fs::copy(first + "/checkpoints/step_10", dir + "/checkpoints/step_10", fs::copy_options::recursive);
     r = train(recipe, dir, at.ep, at.nproc,
-              {"--resume", "parallel.expert_tensor_parallel_size=" + std::to_string(at.etp)});
+              {"--resume", "--allow-changes", "parallel.expert_tensor_parallel_size=" + std::to_string(at.etp)});
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     auto after = steps(dir);
     ASSERT_EQ(after.size(), 10u) << r.output;

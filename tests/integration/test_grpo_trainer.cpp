@@ -160,13 +160,27 @@ TEST(GrpoTrainer, AnOffloadedReferenceGivesTheSameRun) {
 }
 
 TEST(GrpoTrainer, CheckRefusesVerlsKnownFailuresOneLineEach) {
+  TempDir tmp;
+  // The recipe starts from its supervised run (runs/arith_sft), which these
+  // checks do not make: they start from fresh weights instead.
   auto check = [](std::vector<std::string> extra) {
-    std::vector<std::string> args{"check", config("arith_grpo.yaml")};
+    std::vector<std::string> args{"check", config("arith_grpo.yaml"), "actor_rollout_ref.model.path="};
     args.insert(args.end(), extra.begin(), extra.end());
     return runPtrain(args, {}, 120);
   };
   auto ok = check({});
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
+
+  // A starting run that is not there, or holds no checkpoint, is refused as
+  // the run would refuse it.
+  auto missing = check({"actor_rollout_ref.model.path=" + tmp.path() + "/no_such_run"});
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("actor_rollout_ref.model.path: run folder '" + tmp.path() + "/no_such_run' not found"),
+            std::string::npos)
+      << missing.output;
+  auto empty = check({"actor_rollout_ref.model.path=" + tmp.path()});
+  EXPECT_EQ(empty.exit_code, 2) << empty.output;
+  EXPECT_NE(empty.output.find("holds no checkpoint to start from"), std::string::npos) << empty.output;
 
   auto r = check({"--nproc", "4", "launch.nproc=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"});
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -87,6 +87,7 @@ TEST(MemoryLevers, DistributedOptimizerTrainsTheQuickstartsCurveAndResumesAtAnyD
     fs::copy(first + "/checkpoints/step_10", dir + "/checkpoints/step_10", fs::copy_options::recursive);
     std::vector<std::string> args = withCheckpoints;
     args.push_back("--resume");
+    args.push_back("--allow-changes");
     args.push_back(std::string("optimizer.distributed=") + (at.distributed ? "true" : "false"));
     r = train(configs() + "llm/gpt_distributed_optimizer.yaml", dir, at.nproc, args);
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;

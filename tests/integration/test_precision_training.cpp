@@ -90,7 +90,7 @@ TEST(PrecisionTraining, ResumedFp16RunKeepsItsLossScale) {
   const std::string resumed = tmp.path() + "/resumed";
   fs::create_directories(resumed + "/checkpoints");
   fs::copy(full + "/checkpoints/step_6", resumed + "/checkpoints/step_6", fs::copy_options::recursive);
-  r = run({"run", recipe, "--nproc", "2", "--run-dir", resumed, "--resume"});
+  r = run({"run", recipe, "--nproc", "2", "--run-dir", resumed, "--resume", "--allow-changes"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto after = ptrain::test::readTrainingSteps(resumed);
   ASSERT_EQ(after.size(), 6u) << r.output;

@@ -101,7 +101,7 @@ void expectResumesAcross(const Layout& saved, const std::vector<Layout>& resumed
   ASSERT_FALSE(fs::exists(full + "/checkpoints/step_6/model.safetensors"));
   for (const Layout& l : resumed) {
     const std::string dir = copyCheckpoint(full, 6, tmp.path() + "/resume_" + l.name());
-    r = train(recipe, dir, l, {"--resume"});
+    r = train(recipe, dir, l, {"--resume", "--allow-changes"});
     ASSERT_EQ(r.exit_code, 0) << saved.name() << " -> " << l.name() << "\n" << r.output;
     const auto after = losses(dir);
     ASSERT_EQ(after.size(), 6u) << l.name() << "\n" << r.output;
@@ -141,7 +141,7 @@ TEST(ShardedCheckpoints, ResumesIntoAnotherPrecision) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto reference = losses(full);
     const std::string dir = copyCheckpoint(full, 6, tmp.path() + "/" + from + "_to_" + to);
-    r = train(recipe, dir, {1, 1, 1}, {"precision.name=" + to, "--resume"});
+    r = train(recipe, dir, {1, 1, 1}, {"precision.name=" + to, "--resume", "--allow-changes"});
     ASSERT_EQ(r.exit_code, 0) << from << " -> " << to << "\n" << r.output;
     const auto after = losses(dir);
     ASSERT_EQ(after.size(), 6u) << r.output;
@@ -161,7 +161,7 @@ TEST(ShardedCheckpoints, ACheckpointOfAnEarlierVersionStillResumes) {
     const std::string dir = tmp.path() + "/" + name;
     fs::create_directories(dir + "/checkpoints");
     fs::copy(fixture + "/step_3", dir + "/checkpoints/step_3", fs::copy_options::recursive);
-    std::vector<std::string> args{"run", fixture + "/recipe.yaml", "--run-dir", dir, "--resume"};
+    std::vector<std::string> args{"run", fixture + "/recipe.yaml", "--run-dir", dir, "--resume", "--allow-changes"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto r = runPtrain(args, {}, 120);
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
@@ -196,7 +196,7 @@ TEST(ShardedCheckpoints, ConsolidatedFilesLoadAnywhereAndResume) {
   const std::string dir = tmp.path() + "/from_whole";
   fs::create_directories(dir + "/checkpoints");
   fs::copy(out, dir + "/checkpoints/step_6", fs::copy_options::recursive);
-  r = train(recipe, dir, {1, 1, 1}, {"--resume"});
+  r = train(recipe, dir, {1, 1, 1}, {"--resume", "--allow-changes"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto after = losses(dir);
   for (int step = 7; step <= 12; ++step) EXPECT_LT(relDiff(after.at(step), reference.at(step)), 1e-5) << step;
@@ -221,7 +221,7 @@ TEST(ShardedCheckpoints, ADamagedFileOrARenamedStepIsOneLineAndExit2) {
     f.seekp(static_cast<std::streamoff>(fs::file_size(file) - 17));
     f.put('\x7f');
   }
-  r = train(recipe, damaged, {2, 1, 1}, {"train.steps=8", "--resume"});
+  r = train(recipe, damaged, {2, 1, 1}, {"train.steps=8", "--resume", "--allow-changes"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(file + ": bytes ["), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("do not match their checksum"), std::string::npos) << r.output;
@@ -232,7 +232,7 @@ TEST(ShardedCheckpoints, ADamagedFileOrARenamedStepIsOneLineAndExit2) {
   const std::string renamed = tmp.path() + "/renamed";
   fs::create_directories(renamed + "/checkpoints");
   fs::copy(full + "/checkpoints/step_6", renamed + "/checkpoints/step_9", fs::copy_options::recursive);
-  r = train(recipe, renamed, {2, 1, 1}, {"train.steps=10", "--resume"});
+  r = train(recipe, renamed, {2, 1, 1}, {"train.steps=10", "--resume", "--allow-changes"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("meta.json: says step 6, but its folder is step_9"), std::string::npos) << r.output;
 }
@@ -257,7 +257,7 @@ TEST(ShardedCheckpoints, StartupSaveAndLoadAreMeasured) {
   EXPECT_NE(r.output.find("checkpoints saved"), std::string::npos) << r.output;
 
   const std::string resumed = copyCheckpoint(dir, 6, tmp.path() + "/resumed");
-  r = train(recipe, resumed, {2, 1, 1}, {"--resume"});
+  r = train(recipe, resumed, {2, 1, 1}, {"--resume", "--allow-changes"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto loads = metricRows(resumed, "checkpoint_load_s");
   ASSERT_EQ(loads.size(), 1u);

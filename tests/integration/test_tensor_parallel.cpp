@@ -157,7 +157,7 @@ TEST(TensorParallel, CheckpointReshardsAcrossTensorParallelSizes) {
     const std::string dir = tmp.path() + "/resume_" + l.name();
     fs::create_directories(dir + "/checkpoints");
     fs::copy(full + "/checkpoints/step_10", dir + "/checkpoints/step_10", fs::copy_options::recursive);
-    r = train(recipe, dir, l, {"checkpoint.every=10", "--resume"});
+    r = train(recipe, dir, l, {"checkpoint.every=10", "--resume", "--allow-changes"});
     ASSERT_EQ(r.exit_code, 0) << l.name() << "\n" << r.output;
     auto after = readSteps(dir);
     ASSERT_EQ(after.size(), 10u) << l.name() << "\n" << r.output;

@@ -110,7 +110,7 @@ TEST(Training, ResumeContinuesBitForBit) {
   const std::string resumed = tmp.path() + "/resumed";
   fs::create_directories(resumed + "/checkpoints");
   fs::copy(full + "/checkpoints/step_10", resumed + "/checkpoints/step_10", fs::copy_options::recursive);
-  r = train(recipe, resumed, 2, {"checkpoint.every=10", "--resume"});
+  r = train(recipe, resumed, 2, {"checkpoint.every=10", "--resume", "--allow-changes"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto after = readLosses(resumed);
   ASSERT_EQ(after.size(), 10u) << r.output;
@@ -174,7 +174,7 @@ TEST(Training, FirstStepReportsMemoryByKind) {
 TEST(Training, ResumeRefusesMissingFolderWithOneLine) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kTinyRecipe);
-  auto r = train(recipe, tmp.path() + "/nope", 1, {"--resume"});
+  auto r = train(recipe, tmp.path() + "/nope", 1, {"--resume", "--allow-changes"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "ptrain: " + tmp.path() + "/nope: run folder not found: nothing to resume\n");
   EXPECT_FALSE(fs::exists(tmp.path() + "/nope"));
@@ -187,7 +187,7 @@ TEST(Training, ResumeRefusesCheckpointOfAnotherModelAndKeepsIt) {
   auto r = train(recipe, dir, 1, {"train.steps=2", "checkpoint.every=1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string before = ptrain::test::readFile(dir + "/checkpoints/step_2/model.rank00000.safetensors");
-  r = train(recipe, dir, 1, {"train.steps=4", "model.hidden_size=64", "--resume"});
+  r = train(recipe, dir, 1, {"train.steps=4", "model.hidden_size=64", "--resume", "--allow-changes"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is from another model"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;

@@ -59,6 +59,7 @@ void trainSaveResume(const std::vector<std::string>& model, const std::vector<st
     fs::copy(full + "/checkpoints/step_2", dir + "/checkpoints/step_2", fs::copy_options::recursive);
     std::vector<std::string> extra = common;
     extra.push_back("--resume");
+    extra.push_back("--allow-changes");
     r = run(dir, model, resumed[i], extra);
     ASSERT_EQ(r.exit_code, 0) << "layout " << i << "\n" << r.output;
     const auto after = losses(dir);

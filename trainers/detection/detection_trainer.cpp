@@ -1,8 +1,11 @@
 #include "detection_trainer.h"
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "ptrain/comm/rank_env.h"
@@ -29,7 +32,8 @@ constexpr double kPictureMinScore = 0.3;
 
 }  // namespace
 
-DetectionTrainer::DetectionTrainer(const PluginContext& context) : rank_(context.rank) {}
+DetectionTrainer::DetectionTrainer(const PluginContext& context)
+    : rank_(context.rank), world_size_(std::max(1, context.world_size)) {}
 
 DetectionTrainer::~DetectionTrainer() = default;
 
@@ -119,6 +123,25 @@ void DetectionTrainer::setup(const Recipe& recipe) {
                                    std::to_string(data.canvas / kOutputStride * kOutputStride));
   }
   if (auto problem = datasets::checkMosaicOptions(data)) recipe.fail("data", *problem);
+  {
+    // One rank's micro-batch of canvases alone, before any activation: a size
+    // no host holds is refused here, so that `ptrain check` refuses it as the
+    // run would (the out-of-memory class, exit code 3).
+    const int64_t global = recipe.getInt("train.global_batch_size");
+    const int64_t rows = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size")
+                                                               : (global + world_size_ - 1) / world_size_;
+    const double bytes = static_cast<double>(rows) * static_cast<double>(data.canvas) *
+                         static_cast<double>(data.canvas) * sizeof(float);
+    const double host = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (host > 0 && bytes > host) {
+      char sizes[96];
+      std::snprintf(sizes, sizeof sizes, "%.1f GB before the model sees it, and this host has %.1f GB", bytes / 1e9,
+                    host / 1e9);
+      throw OutOfMemoryError(recipe.location("data.canvas").str() + ": data.canvas: " + std::to_string(data.canvas) +
+                             ": one micro-batch of " + std::to_string(rows) + " canvases is " + sizes +
+                             "; use a smaller canvas or micro-batch");
+    }
+  }
 
   CenterNetConfig c;
   c.classes = datasets::kFashionMnistClasses;

@@ -68,6 +68,7 @@ class DetectionTrainer : public Trainer {
   int64_t max_detections_ = 100;
   bool ready_ = false;
   int rank_ = 0;
+  int world_size_ = 1;
   std::string run_dir_;
   bool wrote_ground_truth_ = false;
   std::vector<GroundTruth> ground_truth_;  // of validation canvases 0..eval_size-1, made at the first evaluation

@@ -74,6 +74,7 @@ ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorO
   stats.entropy = sums[5].item<double>() / tokens;
   stats.grad_norm = result.grad_norm;
   stats.applied = result.applied;
+  stats.nonfinite = result.nonfinite;
   return stats;
 }
 

@@ -31,6 +31,7 @@ struct ActorStats {
   double pg_loss = 0, pg_clipfrac = 0, pg_clipfrac_lower = 0, ppo_kl = 0, kl_loss = 0, entropy = 0;
   double grad_norm = 0;
   bool applied = true;
+  bool nonfinite = false;  // StepResult::nonfinite: not applied for a NaN or inf no hook owned
 };
 
 // One optimizer step of `actor` (a GPT, pp 1) on `miniBatch`, the whole

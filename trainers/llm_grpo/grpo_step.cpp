@@ -70,6 +70,7 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
                   prompts_, " prompts of a step");
   std::map<std::string, double> sums;
   int64_t updates = 0;
+  int64_t nonfiniteUpdates = 0;
   for (int64_t epoch = 0; epoch < o.ppo_epochs; ++epoch) {
     for (int64_t first = 0; first < prompts_; first += mini) {
       const Batch slice = batch.slice(first * n, (first + mini) * n);
@@ -81,10 +82,13 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
       sums["actor/kl_loss"] += s.kl_loss;
       sums["actor/entropy"] += s.entropy;
       sums["actor/grad_norm"] += s.grad_norm;
+      nonfiniteUpdates += s.nonfinite ? 1 : 0;
       ++updates;
     }
   }
   for (const auto& [k, v] : sums) m[k] = v / static_cast<double>(std::max<int64_t>(1, updates));
+  // Updates the runtime left out for a NaN or inf (train.on_nonfinite).
+  m["actor/nonfinite_updates"] = static_cast<double>(nonfiniteUpdates);
   m["timing_s/update_actor"] = since(t);
   m["timing_s/step"] = since(start);
   m["perf/throughput"] = responseTokens / std::max(1e-9, m["timing_s/step"]);

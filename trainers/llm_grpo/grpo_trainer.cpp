@@ -13,6 +13,7 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
+#include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/recipe/key_specs.h"
@@ -234,7 +235,29 @@ void GrpoTrainer::setup(const Recipe& recipe) {
   use_reference_ = o.actor.use_kl_loss;
   ref_param_offload_ = recipe.getBool(kRef + "param_offload");
   dump_rollouts_ = recipe.getInt("algorithm.dump_rollouts");
-  init_from_ = recipe.getString("actor_rollout_ref.model.path");
+  // Not set (or set empty): fresh weights.
+  init_from_ = recipe.has("actor_rollout_ref.model.path") ? recipe.getString("actor_rollout_ref.model.path") : "";
+  // Checked here, so that `ptrain check` refuses what the run would: a
+  // folder that is not there, or holds no checkpoint (in it, or in one of
+  // its runs when it is runs/NAME).
+  if (!init_from_.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(init_from_, ec)) {
+      recipe.fail("actor_rollout_ref.model.path",
+                  "run folder '" + init_from_ + "' not found: give the folder of a finished run (its --run-dir), or "
+                  "runs/NAME for the newest run of recipe NAME");
+    }
+    bool found = latestCheckpoint(init_from_).has_value();
+    for (fs::directory_iterator it(init_from_, ec), end; !found && !ec && it != end; it.increment(ec)) {
+      found = it->is_directory() && latestCheckpoint(it->path().string()).has_value();
+    }
+    if (!found) {
+      recipe.fail("actor_rollout_ref.model.path",
+                  "'" + init_from_ + "' holds no checkpoint to start from (no checkpoints/step_N in it or in a run "
+                  "folder inside it); set checkpoint.save_final: true in that run");
+    }
+  }
 }
 
 void GrpoTrainer::promptsOf(int64_t step, std::vector<std::vector<int64_t>>& prompts,
@@ -373,6 +396,8 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
     nlohmann::json line{{"step", step}, {"loss", loss}, {"step_time_s", stepTime}, {"peak_rss_mb", peakRssMb()}};
     for (const auto& [k, v] : m) line[k] = v;
     session.writeMetrics(line);
+    // The actor's updates leave themselves out when not finite (the runtime).
+    session.checkStepFinite(step, loss, m.at("actor/grad_norm"), m.at("actor/nonfinite_updates") > 0);
     if (rankZero && (step % logEvery == 0 || step == steps)) {
       logger()->info("step {}/{}: score {:.3f} pg_loss {:.4f} kl_loss {:.4f} response_length {:.1f} ({:.2f} s: gen "
                      "{:.2f}, update {:.2f})",
@@ -380,8 +405,14 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
                      m.at("response_length/mean"), stepTime, m.at("timing_s/gen"), m.at("timing_s/update_actor"));
     }
     if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) evaluate(step);
+    bool saved = false;
     if ((ckptEvery > 0 && step % ckptEvery == 0) || (step == steps && recipe.getBool("checkpoint.save_final"))) {
       session.saveCheckpoint(step, {actor.get()});
+      saved = true;
+    }
+    if (session.stopRequested()) {
+      if (!saved) session.saveCheckpoint(step, {actor.get()});
+      session.stopAfterSave(step);
     }
   }
   summary.steps = step;

@@ -1,6 +1,8 @@
 #include "ptrain/cli/cli.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -22,6 +24,54 @@ void addLaunchOptions(CLI::App* cmd, LaunchArgs& launch) {
       ->check(CLI::Range(0, 65535));
 }
 
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// CLI11's words, made specific where a user needs more: a misspelt
+// subcommand gets the nearest real one; --nproc 0 says what is valid.
+std::string parseErrorLine(const CLI::App& app, int argc, char** argv, const std::string& what) {
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string given = argv[1];
+    bool known = false;
+    std::string best;
+    size_t bestDistance = 3;  // at most 2 edits away
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      const std::string name = sub->get_name();
+      known = known || name == given;
+      const size_t d = editDistance(given, name);
+      if (d < bestDistance) {
+        bestDistance = d;
+        best = name;
+      }
+    }
+    if (!known) {
+      return "'" + given + "' is not a ptrain command" + (best.empty() ? "" : "; did you mean '" + best + "'?") +
+             " (ptrain --help lists them)";
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "--nproc" || arg == "--nnodes") && i + 1 < argc) {
+      const std::string value = argv[i + 1];
+      if (value.find_first_not_of("0123456789-") == std::string::npos && std::atoll(value.c_str()) < 1) {
+        return arg + " " + value + ": expected a whole number of at least 1 (" +
+               (arg == "--nproc" ? "worker processes on this host" : "hosts taking part") + ")";
+      }
+    }
+  }
+  return what + " (see ptrain --help)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,10 +84,16 @@ int main(int argc, char** argv) {
   RunArgs run;
   run.argv = fullArgv;
   auto* runCmd = app.add_subcommand("run", "train a recipe: ptrain run RECIPE [--nproc N] [key=value ...]");
-  runCmd->add_option("recipe", run.recipe, "recipe file (YAML)")->required();
+  runCmd->add_option("recipe", run.recipe, "recipe file (YAML); with --resume, default: the run's RUN_DIR/recipe.yaml");
   runCmd->add_option("overrides", run.overrides, "overrides such as train.steps=20");
   runCmd->add_option("--run-dir", run.run_dir, "run folder (default runs/<recipe name>/<timestamp>)");
   runCmd->add_flag("--resume", run.resume, "continue from the newest checkpoint in --run-dir");
+  runCmd->add_option("--from-step", run.from_step,
+                     "with --resume: continue from checkpoint step_N instead of the newest (later ones are set aside)")
+      ->check(CLI::NonNegativeNumber);
+  runCmd->add_flag("--allow-changes", run.allow_changes,
+                   "with --resume: continue with a recipe or overrides that differ from the run's (each change is "
+                   "listed)");
   addLaunchOptions(runCmd, run.launch);
 
   CheckArgs check;
@@ -122,7 +178,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "ptrain: %s (see ptrain --help)\n", e.what());
+    std::fprintf(stderr, "ptrain: %s\n", parseErrorLine(app, argc, argv, e.what()).c_str());
     return 2;
   }
 
@@ -150,8 +206,25 @@ int main(int argc, char** argv) {
       start = end + 1;
     }
     return e.exitCode();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ptrain: out of memory: an allocation was refused; `ptrain plan RECIPE` predicts what each "
+                         "rank needs, and `ptrain doctor RUN_DIR` what to change\n");
+    return OutOfMemoryError("").exitCode();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());
+    // libtorch's errors carry a C++ stack trace after their first line.
+    const std::string text = e.what();
+    const std::string first = text.substr(0, text.find('\n'));
+    const bool memory = text.find("can't allocate memory") != std::string::npos ||
+                        text.find("out of memory") != std::string::npos ||
+                        text.find("Cannot allocate memory") != std::string::npos;
+    if (memory) {
+      std::fprintf(stderr, "ptrain: out of memory: %s; `ptrain plan RECIPE` predicts what each rank needs\n",
+                   first.c_str());
+      return OutOfMemoryError("").exitCode();
+    }
+    const bool traced = first.size() < text.size() && std::getenv("PTRAIN_BACKTRACE") == nullptr;
+    std::fprintf(stderr, "ptrain: internal error: %s%s\n", traced ? first.c_str() : text.c_str(),
+                 traced ? " (PTRAIN_BACKTRACE=1 prints where it was raised)" : "");
     return 1;
   }
   return 0;

@@ -3,6 +3,7 @@
 // starting any worker.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -85,6 +86,50 @@ bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* 
 
 namespace {
 
+double hostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib * 1024.0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecipe& prepared) {
+  const Recipe& recipe = prepared.recipe;
+  if (recipe.getString("device") == "cuda") return "";
+  const double have = hostMemoryBytes();
+  if (have <= 0) return "";
+  double need = 0;
+  try {
+    const LayoutPlan sized = planLayout(layoutRequestFromRecipe(recipe, prepared.world_size));
+    const plan::Layout layout = planLayoutOf(recipe, sized);
+    plan::DeviceSpec host;
+    host.name = "host";
+    host.memory_gib = have / (1024.0 * 1024.0 * 1024.0);
+    const Trainer& trainer = *prepared.trainer;
+    if (const auto shape = trainer.modelShape()) {
+      need = plan::peakMemory(*shape, layout, host).total();
+    } else {
+      for (int64_t stage : {int64_t{0}, static_cast<int64_t>(layout.pp - 1)}) {
+        if (const auto estimate = trainer.stageMemory(layout, stage)) need = std::max(need, estimate->total());
+      }
+    }
+  } catch (const Error&) {
+    return "";  // the plan cannot size this model: its first allocation will say
+  }
+  if (!(need > have)) return "";
+  return recipePath + ": the layout is predicted to need " + memoryText(need) + " per rank, and this host has " +
+         memoryText(have) + " in all: make the model, batch or sequence smaller, or split it over more ranks "
+         "(`ptrain plan RECIPE` shows where the memory goes)";
+}
+
+namespace {
+
 int report(const std::vector<std::string>& problems) {
   for (const auto& p : problems) std::fprintf(stderr, "ptrain: %s\n", p.c_str());
   return 2;
@@ -138,6 +183,12 @@ int cmdCheck(const CheckArgs& args) {
   const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin, requestedWorld);
 
   std::vector<std::string> problems = recipe.validateAll(schema);
+  // `run` cannot start without its trainer: neither can check pass.
+  if (!trainerKeys && recipe.has("trainer.name")) {
+    std::string why = whyNot;
+    if (why.rfind("trainer.name: ", 0) == 0) why = why.substr(std::string("trainer.name: ").size());
+    problems.insert(problems.begin(), recipe.location("trainer.name").str() + ": trainer.name: " + why);
+  }
   // The schema takes communication.nccl as a free-form map; its entries are
   // NCCL's variables, checked against NCCL's table.
   for (auto& p : nccl::checkRecipe(recipe)) problems.push_back(std::move(p));
@@ -174,6 +225,27 @@ int cmdCheck(const CheckArgs& args) {
     } catch (const ConfigError& e) {
       return report({e.what()});
     }
+  }
+  // Everything `ptrain run` refuses before it starts a worker: the same
+  // preparation, so that check and run cannot disagree.
+  try {
+    const PreparedRecipe prepared = prepareRecipe(args.recipe, overrides, world);
+    // Sized for another device (--device, --cluster): that check follows.
+    if (args.device.empty() && args.cluster.empty()) {
+      const std::string overMemory = hostMemoryRefusal(args.recipe, prepared);
+      if (!overMemory.empty()) throw OutOfMemoryError(overMemory);
+    }
+  } catch (const Error& e) {
+    std::vector<std::string> lines;
+    std::string text = e.what();
+    for (size_t start = 0; start <= text.size();) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      lines.push_back(text.substr(start, end - start));
+      start = end + 1;
+    }
+    for (const auto& line : lines) std::fprintf(stderr, "ptrain: %s\n", line.c_str());
+    return e.exitCode();
   }
   if (!args.device.empty() || !args.cluster.empty()) {
     int64_t count = 0;

@@ -7,10 +7,14 @@
 // worker ended), metrics.jsonl and recipe.yaml. A log file is any saved
 // output of ptrain (e.g. of a launch refused before it made a folder).
 //
-// Classes, the first that matches wins (most specific first): plugin load
-// failure, layout mismatch, out of memory, communication timeout, lost rank,
-// configuration or data error, loss divergence / NaN / fp16 overflow storm;
-// else an unclassified failure, or a healthy run.
+// Classes, the first that matches wins (most specific first): stopped by the
+// user or scheduler (not a failure), plugin load failure, layout mismatch,
+// out of memory, communication timeout, lost rank, configuration or data
+// error, loss divergence / NaN / fp16 overflow storm; else an unclassified
+// failure, or a healthy run. Every command it suggests runs on the folder it
+// read (resumeCommand): --resume where a checkpoint exists, else the run's
+// recipe in a new folder.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +27,8 @@
 
 #include "cli/commands.h"
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
+#include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plan/cost_model.h"
@@ -49,6 +55,7 @@ struct Diagnosis {
   std::string summary;             // one sentence
   std::vector<std::string> evidence;
   std::vector<std::string> next;   // the flowchart's next steps
+  bool failure = true;             // false: the run ended as asked (stopped by a signal)
 };
 
 // What a run left behind.
@@ -75,7 +82,19 @@ RunRecord readRecord(const std::string& path) {
   RunRecord r;
   r.name = path;
   if (fs::is_regular_file(path)) {
+    const std::string ext = fs::path(path).extension().string();
+    if (ext == ".yaml" || ext == ".yml") {
+      throw ConfigError(path + " is a recipe, not a run: give the folder `ptrain run` wrote (its --run-dir), or a "
+                        "saved log of ptrain's output");
+    }
     r.lines = readLines(path, fs::path(path).filename().string());
+    const bool ptrainOutput = std::any_of(r.lines.begin(), r.lines.end(), [](const Line& l) {
+      return l.text.find("ptrain") != std::string::npos || l.text.rfind("[rank ", 0) == 0;
+    });
+    if (!ptrainOutput) {
+      throw ConfigError(path + ": not a ptrain log (no line of ptrain's output in it): give the folder `ptrain run` "
+                        "wrote (its --run-dir), or a saved log of ptrain's output");
+    }
     return r;
   }
   if (!fs::is_directory(path)) throw ConfigError(path + ": no such run folder or log file");
@@ -97,14 +116,29 @@ RunRecord readRecord(const std::string& path) {
                       "run` wrote, or a saved log file");
   }
   for (const auto& file : exits) {
+    // A launcher killed while writing it leaves only exit.json.tmp, which is
+    // not read; an exit.json itself is whole, or damaged by something else.
+    nlohmann::json j;
     try {
       std::ifstream in(file);
-      nlohmann::json j = nlohmann::json::parse(in);
-      // Several nodes: the first that failed speaks for the job.
-      if (!r.exit || ((*r.exit)["result"].get<int>() == 0 && j["result"].get<int>() != 0)) r.exit = j;
-    } catch (const nlohmann::json::exception&) {
-      // A launcher killed while writing it leaves only the temporary file.
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(file.string() + ": not valid JSON (" + std::string(e.what()) +
+                        "): the file is damaged; move it aside to diagnose from the log alone");
     }
+    const bool shaped = j.is_object() && j.contains("result") && j["result"].is_number_integer() &&
+                        j.contains("first_failure_rank") && j["first_failure_rank"].is_number_integer() &&
+                        j.contains("ranks") && j["ranks"].is_array() &&
+                        std::all_of(j["ranks"].begin(), j["ranks"].end(), [](const nlohmann::json& k) {
+                          return k.is_object() && k.contains("rank") && k["rank"].is_number_integer() &&
+                                 k.contains("code") && k["code"].is_number_integer() && k.contains("signal");
+                        });
+    if (!shaped) {
+      throw ConfigError(file.string() + ": not an exit record (expected result, first_failure_rank and ranks[] with "
+                        "rank, code and signal): the file is damaged; move it aside to diagnose from the log alone");
+    }
+    // Several nodes: the first that failed speaks for the job.
+    if (!r.exit || ((*r.exit)["result"].get<int>() == 0 && j["result"].get<int>() != 0)) r.exit = j;
   }
   std::ifstream metrics(fs::path(path) / "metrics.jsonl");
   std::string text;
@@ -142,6 +176,20 @@ std::vector<std::string> matching(const RunRecord& r, std::initializer_list<cons
   return out;
 }
 
+// What resumeCommand(r) does, in brackets.
+std::string resumeNote(const RunRecord& r) {
+  std::optional<int64_t> latest;
+  try {
+    if (r.isRunDir) latest = latestCheckpoint(r.name);
+  } catch (const Error&) {
+  }
+  if (latest) {
+    return "(continues from step_" + std::to_string(*latest) + ", the newest checkpoint; checkpoint.every sets how "
+           "much a failure loses)";
+  }
+  return "(no checkpoint was saved, so it starts again; checkpoint.every sets how much a failure loses)";
+}
+
 std::string exitLine(const RunRecord& r) {
   if (!r.exit) return "";
   const auto& e = *r.exit;
@@ -167,12 +215,24 @@ int exitCodeOfFirstFailure(const RunRecord& r) {
   return (*r.exit)["result"].get<int>();
 }
 
-// The run folder keeps the resolved recipe it ran: resuming from it needs no
-// other file.
-std::string resumeCommand(const RunRecord& r) {
-  if (!r.isRunDir) return "ptrain run RECIPE";
+// A command that runs on this folder: --resume where there is a checkpoint
+// (`from` > 0 picks an earlier one), with --allow-changes when `overrides`
+// change the recipe; otherwise the run's own recipe started again in a new
+// folder (--resume would find nothing). A log file has no folder: RECIPE.
+std::string resumeCommand(const RunRecord& r, const std::string& overrides = "", int64_t from = -1) {
+  const std::string extra = overrides.empty() ? "" : " " + overrides;
+  if (!r.isRunDir) return "ptrain run RECIPE" + extra;
+  std::optional<int64_t> latest;
+  try {
+    latest = latestCheckpoint(r.name);
+  } catch (const Error&) {
+  }
+  if (latest && from != 0) {
+    return "ptrain run --resume --run-dir " + r.name + (from > 0 ? " --from-step " + std::to_string(from) : "") +
+           extra + (overrides.empty() ? "" : " --allow-changes");
+  }
   const std::string recipe = r.recipe ? (fs::path(r.name) / "recipe.yaml").string() : "RECIPE";
-  return "ptrain run " + recipe + " --resume --run-dir " + r.name;
+  return "ptrain run " + recipe + extra + " --run-dir " + r.name + "-retry";
 }
 
 // The peak a worker reported when it went over its cap ("reached 208 MB"),
@@ -189,8 +249,9 @@ double measuredPeakBytes(const RunRecord& r) {
 
 // Out of memory: the planner's flowchart on the recorded recipe. The model's
 // prediction is put on the measured scale (the worker's reported peak over
-// the predicted one), so each step's figure compares with the cap. The fixed
-// order when the recipe cannot be sized.
+// the predicted one), so each step's figure compares with the cap; only steps
+// predicted to fit are offered, the first of them as a command. The fixed
+// order, said to be unpredicted, when the recipe cannot be sized.
 std::vector<std::string> memoryAdvice(const RunRecord& r) {
   std::vector<std::string> out;
   int64_t micro = 0;
@@ -216,30 +277,46 @@ std::vector<std::string> memoryAdvice(const RunRecord& r) {
           int64_t count = 0;
           plan::DeviceSpec device = resolvePlanDevice("", "host", &count, world);
           const double scale = measured / plan::peakMemory(*shape, layout, device).total();
-          device.memory_gib = recipe.getFloat("train.max_memory_mb") / 1024.0 / scale;
+          // The plan is calibrated to within 10% (docs/planning.md): a step
+          // is offered when it fits with that much to spare.
+          device.memory_gib = 0.9 * recipe.getFloat("train.max_memory_mb") / 1024.0 / scale;
+          // The flowchart's steps add up (each keeps the ones before it): the
+          // command carries every override up to the first step that fits.
           const auto advice = plan::adviseWhenOverMemory(*shape, layout, device);
+          std::vector<std::pair<std::string, std::string>> levers;  // key, "key=value", in order
           for (const auto& a : advice) {
-            out.push_back(a.override_text + "   (predicted peak " + memoryText(a.total_bytes * scale) +
-                          (a.fits ? ": fits)" : ")"));
+            const std::string key = a.override_text.substr(0, a.override_text.find('='));
+            auto same = std::find_if(levers.begin(), levers.end(), [&](const auto& l) { return l.first == key; });
+            if (same != levers.end()) same->second = a.override_text;
+            else levers.emplace_back(key, a.override_text);
+            if (!a.fits) continue;
+            std::string overrides;
+            for (const auto& l : levers) overrides += (overrides.empty() ? "" : " ") + l.second;
+            out.push_back(resumeCommand(r, overrides) + "   (predicted peak " + memoryText(a.total_bytes * scale) +
+                          ", under train.max_memory_mb=" +
+                          text::formatNumber(recipe.getFloat("train.max_memory_mb")) + " with 10% to spare)");
+            break;
           }
-          if (!advice.empty() && !advice.back().fits) {
-            out.push_back("still over: the model needs more devices (parallel.tensor_model_parallel_size or "
-                          "pipeline_model_parallel_size, with --nproc to match), or a larger train.max_memory_mb "
-                          "(reserved before any tensor: " +
+          if (out.empty()) {
+            out.push_back("no lever is predicted to fit under train.max_memory_mb=" +
+                          text::formatNumber(recipe.getFloat("train.max_memory_mb")) +
+                          " (offload, smaller micro-batches, recomputation, the distributed optimizer): the model "
+                          "needs more devices (parallel.tensor_model_parallel_size or pipeline_model_parallel_size, "
+                          "with --nproc to match), or a larger cap (reserved before any tensor: " +
                           memoryText(device.reserved_gib * 1024 * 1024 * 1024 * scale) + ")");
           }
+          return out;
         }
       }
     } catch (const Error&) {
       out.clear();  // the fixed order below
     }
   }
-  if (out.empty()) {
-    out.push_back("offload.params=true");
-    out.push_back(micro > 1 ? "train.micro_batch_size=" + std::to_string(micro / 2)
-                            : "a smaller train.micro_batch_size");
-    out.push_back("model.recompute=full");
-  }
+  out.push_back("the recipe could not be sized, so these are the flowchart's steps in order, not predictions:");
+  out.push_back(resumeCommand(r, "offload.params=true"));
+  out.push_back("then " + (micro > 1 ? "train.micro_batch_size=" + std::to_string(micro / 2)
+                                     : std::string("a smaller train.micro_batch_size")));
+  out.push_back("then model.recompute=full");
   return out;
 }
 
@@ -290,9 +367,7 @@ std::optional<Diagnosis> outOfMemory(const RunRecord& r) {
   if (evidence.empty() && exitCodeOfFirstFailure(r) != 3) return std::nullopt;
   const std::string exit = exitLine(r);
   if (!exit.empty()) evidence.push_back(exit);
-  Diagnosis d{"out of memory", "a worker ran out of memory", evidence, {}};
-  for (const auto& step : memoryAdvice(r)) d.next.push_back((d.next.empty() ? resumeCommand(r) + " " : "then ") + step);
-  return d;
+  return Diagnosis{"out of memory", "a worker ran out of memory", evidence, memoryAdvice(r)};
 }
 
 std::optional<Diagnosis> commFailure(const RunRecord& r) {
@@ -313,8 +388,7 @@ std::optional<Diagnosis> commFailure(const RunRecord& r) {
                   evidence,
                   {"look for the cause on that rank's host (`dmesg` for the OOM killer; SIGKILL without one is an "
                    "outside kill)",
-                   resumeCommand(r) + "   (continues from the newest checkpoint; checkpoint.every sets how much "
-                                      "is lost)"}};
+                   resumeCommand(r) + "   " + resumeNote(r)}};
       return d;
     }
   }
@@ -322,13 +396,27 @@ std::optional<Diagnosis> commFailure(const RunRecord& r) {
   if (!timeouts.empty()) {
     const std::string exit = exitLine(r);
     if (!exit.empty()) timeouts.push_back(exit);
-    return Diagnosis{"communication timeout",
-                     "a collective waited past communication.timeout_s for a peer that was stuck or missing",
-                     timeouts,
-                     {"find the rank the message names as missing and what it was doing (a long checkpoint, a "
-                      "data stall, a hung GPU); NCCL_DEBUG=INFO under communication.nccl shows the collective",
+    // The peers that never answered: ranks that neither failed nor finished
+    // by themselves, so that the launcher had to kill them.
+    std::string missing;
+    if (r.exit) {
+      for (const auto& rank : (*r.exit)["ranks"]) {
+        if (rank["signal"].is_string() && rank["code"].get<int>() != 0) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(rank["rank"].get<int>());
+        }
+      }
+    }
+    std::string summary = "a collective waited past communication.timeout_s for a peer that was stuck or missing";
+    if (!missing.empty()) {
+      summary += "; the peer that never answered: rank " + missing + " (it did not fail by itself: the launcher "
+                 "stopped it afterwards)";
+    }
+    return Diagnosis{"communication timeout", summary, timeouts,
+                     {"find what " + (missing.empty() ? std::string("the stuck rank") : "rank " + missing) +
+                          " was doing (a long checkpoint, a data stall, a hung GPU, a stopped process); "
+                          "NCCL_DEBUG=INFO under communication.nccl shows the collective",
                       "if the wait was legitimate: communication.timeout_s=<more seconds>",
-                      resumeCommand(r)}};
+                      resumeCommand(r) + "   " + resumeNote(r)}};
   }
   auto closed = matching(r, {"closed its connection"});
   if (!closed.empty()) {
@@ -359,14 +447,31 @@ std::optional<Diagnosis> configError(const RunRecord& r) {
 std::optional<Diagnosis> divergence(const RunRecord& r) {
   if (r.steps.empty()) return std::nullopt;
   std::vector<std::string> evidence;
-  int skipped = 0, run = 0, longestRun = 0, nonFinite = 0;
+  // fp16's loss scale starts at 2^32 and backs off until the gradients fit:
+  // the skips before the first applied step are that search, not trouble.
+  // A storm is skipping that persists once the scale has settled, or that
+  // drives it down to precision.min_loss_scale.
+  double minScale = 1;
+  if (r.recipe && r.recipe->has("precision.min_loss_scale")) minScale = r.recipe->getFloat("precision.min_loss_scale");
+  bool settled = false;
+  int skippedAfter = 0, stepsAfter = 0, run = 0, longestRun = 0, nonFinite = 0, skippedAll = 0;
+  bool atFloor = false;
   double first = NAN, minimum = INFINITY, last = NAN;
-  int firstBad = -1;
+  int firstBad = -1, firstGrown = -1;
   for (const auto& j : r.steps) {
-    const bool skip = j.contains("skipped") && j["skipped"].get<bool>();
-    skipped += skip ? 1 : 0;
-    run = skip ? run + 1 : 0;
-    longestRun = std::max(longestRun, run);
+    const bool skip = j.contains("skipped") && j["skipped"].is_boolean() && j["skipped"].get<bool>() &&
+                      !(j.contains("nonfinite") && j["nonfinite"].is_boolean() && j["nonfinite"].get<bool>());
+    skippedAll += skip ? 1 : 0;
+    if (skip && j.contains("loss_scale") && j["loss_scale"].is_number() && j["loss_scale"].get<double>() <= minScale) {
+      atFloor = true;
+    }
+    if (!skip) settled = true;
+    if (settled) {
+      ++stepsAfter;
+      skippedAfter += skip ? 1 : 0;
+      run = skip ? run + 1 : 0;
+      longestRun = std::max(longestRun, run);
+    }
     const bool finite = j["loss"].is_number() && std::isfinite(j["loss"].get<double>());
     if (!finite) {
       ++nonFinite;
@@ -376,10 +481,10 @@ std::optional<Diagnosis> divergence(const RunRecord& r) {
     const double loss = j["loss"].get<double>();
     if (std::isnan(first)) first = loss;
     minimum = std::min(minimum, loss);
+    if (firstGrown < 0 && loss > 2 * minimum && loss > first) firstGrown = j["step"].get<int>();
     last = loss;
   }
-  const int steps = static_cast<int>(r.steps.size());
-  const bool storm = longestRun >= 3 || (steps >= 8 && skipped * 4 >= steps);
+  const bool storm = atFloor || longestRun >= 3 || (stepsAfter >= 8 && skippedAfter * 4 >= stepsAfter);
   const bool diverged = !std::isnan(last) && last > 2 * minimum && last > first;
   if (nonFinite == 0 && !storm && !diverged) return std::nullopt;
   const std::string precision = r.recipe && r.recipe->has("precision.name") ? r.recipe->getString("precision.name") : "";
@@ -388,12 +493,13 @@ std::optional<Diagnosis> divergence(const RunRecord& r) {
   Diagnosis d;
   if (storm) {
     d.kind = "fp16 overflow storm";
-    d.summary = std::to_string(skipped) + " of " + std::to_string(steps) +
-                " steps were skipped for inf/NaN gradients (at most " + std::to_string(longestRun) +
-                " in a row): the loss scale cannot find a range that fits";
-    const auto& lastLine = r.steps.back();
-    evidence.push_back("metrics.jsonl: " + std::to_string(skipped) + " lines with \"skipped\": true; the last: " +
-                       lastLine.dump());
+    d.summary = atFloor ? "steps were still skipped for inf/NaN gradients with the loss scale at its floor "
+                          "(precision.min_loss_scale=" + text::formatNumber(minScale) + "): nothing fits fp16's range"
+                        : std::to_string(skippedAfter) + " of the " + std::to_string(stepsAfter) +
+                              " steps after the loss scale first settled were skipped for inf/NaN gradients (at most " +
+                              std::to_string(longestRun) + " in a row): the loss scale cannot find a range that fits";
+    evidence.push_back("metrics.jsonl: " + std::to_string(skippedAll) + " lines with \"skipped\": true; the last: " +
+                       r.steps.back().dump());
   } else {
     d.kind = nonFinite > 0 ? "loss NaN" : "loss divergence";
     d.summary = nonFinite > 0 ? "the loss became NaN or infinite from step " + std::to_string(firstBad)
@@ -407,14 +513,75 @@ std::optional<Diagnosis> divergence(const RunRecord& r) {
       }
     }
   }
+  const std::string exit = exitLine(r);
+  if (!exit.empty()) evidence.push_back(exit);
   d.evidence = evidence;
-  if (precision == "fp16") d.next.push_back("precision.name=bf16   (the same range as fp32, no loss scale to find)");
-  char halved[64];
-  std::snprintf(halved, sizeof halved, "optimizer.lr=%g", lr > 0 ? lr / 2 : 0.0);
-  d.next.push_back(lr > 0 ? std::string(halved) + "   (half the learning rate)" : "a lower optimizer.lr");
-  d.next.push_back("optimizer.clip_grad=1.0 and optimizer.warmup_steps (a gentler start)");
-  d.next.push_back(resumeCommand(r) + " from a checkpoint before the trouble, or start again");
+  // The changes, as overrides of one command that runs on this folder.
+  std::string overrides;
+  if (precision == "fp16") {
+    overrides += "precision.name=bf16";
+    d.next.push_back("precision.name=bf16   (the same range as fp32, no loss scale to find)");
+  }
+  if (lr > 0) {
+    // A loss that went non-finite needs a larger step back than one that
+    // only grew.
+    const bool tenth = nonFinite > 0 && !storm;
+    char lower[64];
+    std::snprintf(lower, sizeof lower, "optimizer.lr=%g", tenth ? lr / 10 : lr / 2);
+    overrides += (overrides.empty() ? "" : " ") + std::string(lower);
+    d.next.push_back(std::string(lower) + (tenth ? "   (a tenth of the learning rate)" : "   (half the learning rate)"));
+  }
+  const double clip = r.recipe && r.recipe->has("optimizer.clip_grad") ? r.recipe->getFloat("optimizer.clip_grad") : 1.0;
+  if (clip <= 0 || clip > 1) d.next.push_back("optimizer.clip_grad=1.0   (clipping is " + std::string(clip <= 0 ? "off" : "loose") + ")");
+  const int64_t warmup = r.recipe && r.recipe->has("optimizer.warmup_steps") ? r.recipe->getInt("optimizer.warmup_steps") : 0;
+  if (warmup == 0) d.next.push_back("optimizer.warmup_steps=100   (a gentler start)");
+  // Non-finite steps are never saved, so the newest checkpoint comes before
+  // them; a loss that grew may have been saved after it began to grow.
+  int64_t from = -1;
+  if (nonFinite == 0 && firstGrown > 0 && r.isRunDir) {
+    from = 0;
+    try {
+      for (int64_t step : listCheckpoints(r.name)) {
+        if (step < firstGrown) from = step;
+      }
+    } catch (const Error&) {
+    }
+    if (from > 0 && latestCheckpoint(r.name) == from) from = -1;  // the newest is before it anyway
+  }
+  d.next.push_back(resumeCommand(r, overrides, from) + "   " +
+                   (from == 0 ? std::string("(every checkpoint is from after the loss began to grow: starts again)")
+                              : from > 0 ? "(from step_" + std::to_string(from) + ", before the loss began to grow at step " +
+                                               std::to_string(firstGrown) + ")"
+                                         : resumeNote(r)));
   return d;
+}
+
+// Stopped on purpose (Ctrl-C, a scheduler's SIGTERM), with or without a save:
+// not a failure.
+std::optional<Diagnosis> stopped(const RunRecord& r) {
+  if (!r.exit) return std::nullopt;
+  const auto& e = *r.exit;
+  const int result = e["result"].get<int>();
+  const std::string signal = e["launcher_signal"].is_string() ? e["launcher_signal"].get<std::string>() : "";
+  if (result == kExitStoppedAndSaved) {
+    auto evidence = matching(r, {"stopped by SIG", "received SIG"});
+    evidence.push_back("exit.json: result 75 (stopped by a signal after saving)");
+    return Diagnosis{"stopped by the user or scheduler, checkpoint saved",
+                     "the run was asked to stop" + (signal.empty() ? "" : " (" + signal + ")") +
+                         ", saved a checkpoint at a step boundary and stopped: nothing failed",
+                     evidence,
+                     {resumeCommand(r) + "   " + resumeNote(r)},
+                     false};
+  }
+  if (signal.empty()) return std::nullopt;
+  auto evidence = matching(r, {"received SIG"});
+  evidence.push_back(exitLine(r));
+  return Diagnosis{"stopped by the user or scheduler",
+                   "the launcher received " + signal + " and stopped the workers: nothing failed" +
+                       (signal == "SIGTERM" || signal == "SIGUSR1" ? "" : " (" + signal + " does not save; SIGTERM does, checkpoint.on_signal)"),
+                   evidence,
+                   {resumeCommand(r) + "   " + resumeNote(r)},
+                   false};
 }
 
 }  // namespace
@@ -422,7 +589,7 @@ std::optional<Diagnosis> divergence(const RunRecord& r) {
 int cmdDoctor(const std::string& path) {
   const RunRecord r = readRecord(path);
   std::optional<Diagnosis> d;
-  for (auto classify : {pluginFailure, layoutMismatch, outOfMemory, commFailure, configError, divergence}) {
+  for (auto classify : {stopped, pluginFailure, layoutMismatch, outOfMemory, commFailure, configError, divergence}) {
     if ((d = classify(r))) break;
   }
   const int result = r.exit ? (*r.exit)["result"].get<int>() : -1;
@@ -448,7 +615,7 @@ int cmdDoctor(const std::string& path) {
   for (const auto& e : d->evidence) std::printf("    %s\n", e.c_str());
   std::printf("  next, in order:\n");
   for (const auto& n : d->next) std::printf("    %s\n", n.c_str());
-  return 1;
+  return d->failure ? 1 : 0;
 }
 
 }  // namespace ptrain::cli

@@ -1,5 +1,6 @@
 // ptrain run: validate the recipe, prepare the run folder, start the workers;
 // inside a worker, train.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/offload.h"
 #include "ptrain/launch/launcher.h"
+#include "ptrain/launch/run_lock.h"
 
 namespace fs = std::filesystem;
 
@@ -93,20 +95,86 @@ int runWorker(const RunArgs& args) {
   EngineOptions options;
   options.resume = args.resume;
   options.run_dir = args.run_dir.empty() ? "runs/" + prepared.recipe.name() + "/job-" + jobId() : args.run_dir;
-  if (env.rank == 0) fs::create_directories(options.run_dir);
-  TrainSummary summary = train(prepared, env, options);
+  // One writer per run folder: `ptrain run`'s launcher holds the lock and
+  // says so; under another launcher (torchrun, srun) rank 0 takes it.
+  std::unique_ptr<RunFolderLock> lock;
+  if (env.rank == 0) {
+    const char* held = std::getenv(kRunLockHeldVariable);
+    if (held == nullptr || options.run_dir != held) lock = std::make_unique<RunFolderLock>(options.run_dir);
+    if (args.resume && args.from_step >= 0) setAsideCheckpointsAfter(options.run_dir, args.from_step);
+  }
+  TrainSummary summary;
+  try {
+    summary = train(prepared, env, options);
+  } catch (const Error& e) {
+    // Every rank reaches these together with the same words: rank 0 says
+    // them once.
+    const bool shared = dynamic_cast<const NonFiniteError*>(&e) != nullptr ||
+                        dynamic_cast<const StoppedBySignal*>(&e) != nullptr;
+    if (shared && env.rank != 0) return e.exitCode();
+    throw;
+  }
   if (env.rank == 0) printSummary(summary, options.run_dir);
   return 0;
 }
 
 }  // namespace
 
-int cmdRun(const RunArgs& args) {
+namespace {
+
+bool isFile(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+// The recipe a resumed run was started with.
+std::string savedRecipe(const std::string& runDir) { return (fs::path(runDir) / "recipe.yaml").string(); }
+
+// "step_N" names of a run's checkpoints, for messages.
+std::string stepList(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (int64_t s : steps) out += (out.empty() ? "" : ", ") + std::string("step_") + std::to_string(s);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+int cmdRun(const RunArgs& argsIn) {
+  RunArgs args = argsIn;
+  // `ptrain run --resume --run-dir D train.steps=50`: the first override is
+  // not a recipe file.
+  if (!args.recipe.empty() && args.recipe.find('=') != std::string::npos && !isFile(args.recipe)) {
+    args.overrides.insert(args.overrides.begin(), args.recipe);
+    args.recipe.clear();
+  }
   if (isWorkerProcess()) return runWorker(args);
   // The workers measure their start-up from here (metrics' startup_s).
   char launched[32];
   std::snprintf(launched, sizeof launched, "%.3f",
                 std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+
+  if (!args.resume && (args.from_step >= 0 || args.allow_changes)) {
+    throw ConfigError(std::string(args.from_step >= 0 ? "--from-step" : "--allow-changes") +
+                      " belongs to --resume: add --resume --run-dir DIR to continue that run");
+  }
+  std::string runDir = args.run_dir;
+  if (!runDir.empty() && fs::exists(runDir) && !fs::is_directory(runDir)) {
+    throw ConfigError("--run-dir " + runDir + " is a file, not a folder: give a folder (it is created if missing)");
+  }
+  // A resumed run takes its own recipe unless told otherwise.
+  bool givenRecipe = !args.recipe.empty();
+  if (args.resume) {
+    if (runDir.empty()) throw ConfigError("--resume needs --run-dir DIR: the folder of the run to continue");
+    if (!fs::is_directory(runDir)) throw CheckpointError(runDir + ": run folder not found: nothing to resume");
+    if (!givenRecipe) {
+      if (!isFile(savedRecipe(runDir))) {
+        throw ConfigError(savedRecipe(runDir) + " not found: give the recipe the run was started with");
+      }
+      args.recipe = savedRecipe(runDir);
+    }
+  } else if (!givenRecipe) {
+    throw ConfigError("ptrain run: give a recipe file (ptrain run RECIPE), or --resume --run-dir DIR to continue a run");
+  }
 
   const int nnodes = args.launch.nnodes;
   // Everything a worker would refuse is refused here first, before any
@@ -123,32 +191,83 @@ int cmdRun(const RunArgs& args) {
   if (!chosen.empty()) logger()->info("{}", chosen);
   PreparedRecipe prepared = prepareRecipe(args.recipe, overrides, requestedWorld);
   const int nproc = args.launch.nproc > 0 ? args.launch.nproc : prepared.world_size / nnodes;
+  {
+    const std::string overMemory = hostMemoryRefusal(args.recipe, prepared);
+    if (!overMemory.empty()) throw OutOfMemoryError(overMemory);
+  }
 
-  std::string runDir = args.run_dir;
   {
     // The disk tier writes under the run folder: a folder it cannot write is
     // refused before any folder is made or worker started.
     const auto problems = checkOffloadFolder(prepared.recipe, runDir);
     if (!problems.empty()) throw ConfigError(problems.front());
   }
+  if (!args.resume && runDir.empty()) runDir = (fs::path("runs") / prepared.recipe.name() / timestamp()).string();
+
+  // One writer per run folder, from here until the workers have ended
+  // (node 0's launcher; the others write into the same folder only through
+  // their workers, which rank 0's lock covers).
+  std::unique_ptr<RunFolderLock> lock;
+  if (args.launch.node_rank == 0) lock = std::make_unique<RunFolderLock>(runDir);
+
   if (args.resume) {
-    if (runDir.empty()) throw ConfigError("--resume needs --run-dir DIR: the folder of the run to continue");
-    if (!fs::is_directory(runDir)) throw CheckpointError(runDir + ": run folder not found: nothing to resume");
-    if (!latestCheckpoint(runDir)) {
+    const auto steps = listCheckpoints(runDir);
+    if (steps.empty()) {
       throw CheckpointError(runDir + ": no checkpoint to resume from (" + (fs::path(runDir) / "checkpoints").string() +
                             " holds no complete step_N folder)");
     }
+    int64_t from = steps.back();
+    if (args.from_step >= 0) {
+      if (std::find(steps.begin(), steps.end(), args.from_step) == steps.end()) {
+        throw CheckpointError(detail::concat(runDir, ": --from-step ", args.from_step, ": no complete checkpoint step_",
+                                             args.from_step, " there; it has ", stepList(steps)));
+      }
+      from = args.from_step;
+    }
+    // A recipe other than the run's is a decision, not an accident.
+    const bool differs = givenRecipe || !args.overrides.empty();
+    std::vector<std::string> changes;
+    if (differs && isFile(savedRecipe(runDir))) changes = recipeChanges(savedRecipe(runDir), prepared);
+    if (!changes.empty() && !args.allow_changes) {
+      std::string text = runDir + ": the recipe differs from the run's (" + savedRecipe(runDir) + ") in " +
+                         std::to_string(changes.size()) + (changes.size() == 1 ? " key" : " keys") +
+                         "; add --allow-changes to resume with it, or drop the recipe and overrides to resume as "
+                         "the run was:";
+      for (const auto& c : changes) text += "\n  " + c;
+      throw ConfigError(text);
+    }
+    const int64_t steps_ = prepared.recipe.getInt("train.steps");
+    if (from >= steps_) {
+      std::printf("%s: the run has finished: checkpoint step_%lld is at train.steps=%lld, so there is nothing to "
+                  "resume; to train further, raise it: ptrain run --resume --run-dir %s train.steps=N "
+                  "--allow-changes\n",
+                  runDir.c_str(), static_cast<long long>(from), static_cast<long long>(steps_), runDir.c_str());
+      return 0;
+    }
+    if (args.launch.node_rank == 0) {
+      for (const auto& c : changes) logger()->info("resuming with a change: {}", c);
+      if (!changes.empty()) {
+        // What the run was, kept beside what it becomes.
+        const std::string kept = (fs::path(runDir) / ("recipe.before-step_" + std::to_string(from) + ".yaml")).string();
+        fs::rename(savedRecipe(runDir), kept);
+        std::ofstream(savedRecipe(runDir)) << prepared.recipe.toYaml(Recipe::Values::kWritten);
+      }
+      if (args.from_step >= 0) {
+        for (const auto& moved : setAsideCheckpointsAfter(runDir, from)) {
+          logger()->info("resuming from step_{}: {} set aside (not resumable; remove it when not needed)", from, moved);
+        }
+      }
+    }
   } else {
-    if (runDir.empty()) runDir = (fs::path("runs") / prepared.recipe.name() / timestamp()).string();
-    if (fs::is_directory(runDir) && latestCheckpoint(runDir)) {
+    if (latestCheckpoint(runDir)) {
       throw ConfigError(runDir + " already holds checkpoints: add --resume to continue that run, or choose another "
                         "--run-dir");
     }
     if (args.launch.node_rank == 0) {
-      fs::create_directories(runDir);
       // The recipe as written (files and overrides): `ptrain run` loads it
       // again as it loaded the original (the doctor's suggested commands use
-      // it). Every resolved value is in each checkpoint's meta.json.
+      // it, and so does --resume without a recipe). Every resolved value is
+      // in each checkpoint's meta.json.
       std::ofstream(fs::path(runDir) / "recipe.yaml") << prepared.recipe.toYaml(Recipe::Values::kWritten);
     }
   }
@@ -160,6 +279,12 @@ int cmdRun(const RunArgs& args) {
   if (!args.launch.master_addr.empty()) launch.master_addr = args.launch.master_addr;
   launch.master_port = args.launch.master_port;
   launch.one_thread_pool = prepared.recipe.getString("cpu.kernels") == "ptrain";
+  // checkpoint.on_signal: these signals reach every worker, which saves at
+  // its next step boundary; the launcher waits signal_grace_s for that.
+  for (const auto& name : prepared.recipe.getStringList("checkpoint.on_signal")) {
+    launch.save_signals.push_back(stopSignalNumber(name));
+  }
+  launch.save_grace_seconds = prepared.recipe.getFloat("checkpoint.signal_grace_s");
   // communication.nccl: the workers start with the recipe's NCCL variables
   // that this environment does not set itself (each worker checks again, a
   // no-op then; a worker started by torchrun or srun sets them on its own).
@@ -168,6 +293,7 @@ int cmdRun(const RunArgs& args) {
   for (const auto& setting : ncclSettings) logger()->info("{}", nccl::headerLine(setting));
   launch.extra_env = nccl::environmentEntries(ncclSettings);
   launch.extra_env.push_back(std::string(kLaunchTimeVariable) + "=" + launched);
+  if (lock) launch.extra_env.push_back(std::string(kRunLockHeldVariable) + "=" + runDir);
   // What `ptrain doctor RUN_DIR` reads: the whole output and how each worker
   // ended (one pair per node when there are several).
   const std::string node = nnodes > 1 ? ".node" + std::to_string(args.launch.node_rank) : "";

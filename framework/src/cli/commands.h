@@ -11,6 +11,7 @@
 
 namespace ptrain {
 class Recipe;
+struct PreparedRecipe;
 }
 
 namespace ptrain::cli {
@@ -28,6 +29,8 @@ struct RunArgs {
   std::vector<std::string> overrides;
   std::string run_dir;  // empty: runs/<name>/<timestamp>
   bool resume = false;
+  int64_t from_step = -1;      // --from-step: resume from this checkpoint (-1: the newest)
+  bool allow_changes = false;  // --allow-changes: resume with a recipe that differs from the run's
   LaunchArgs launch;
   std::vector<std::string> argv;  // the whole command line, to re-run as workers
 };
@@ -86,6 +89,14 @@ std::string memoryText(double bytes);
 // measure its own machine and might choose differently.
 std::vector<std::string> autoLayoutOverrides(const std::string& recipe, const std::vector<std::string>& overrides,
                                              int world, int nnodes, std::string* summary);
+
+// The memory the plan predicts for one rank of a prepared recipe, against
+// this host's whole memory (MemTotal): the refusal line when even one rank
+// cannot fit ("RECIPE: the layout is predicted to need X per rank, this host
+// has Y in all: ..."), "" when it fits, runs on cuda, or the trainer's model
+// cannot be sized. `run` and `check` both ask, before anything starts; the
+// caller throws OutOfMemoryError (exit code 3) with it.
+std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecipe& prepared);
 
 int cmdRun(const RunArgs& args);
 int cmdPlan(const PlanArgs& args);

@@ -9,9 +9,12 @@ Error::~Error() = default;
 ConfigError::~ConfigError() = default;
 PluginLoadError::~PluginLoadError() = default;
 CommError::~CommError() = default;
+PeerFailedError::~PeerFailedError() = default;
 TimeoutError::~TimeoutError() = default;
 CheckpointError::~CheckpointError() = default;
 OutOfMemoryError::~OutOfMemoryError() = default;
 InternalError::~InternalError() = default;
+NonFiniteError::~NonFiniteError() = default;
+StoppedBySignal::~StoppedBySignal() = default;
 
 }  // namespace ptrain

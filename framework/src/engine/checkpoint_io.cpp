@@ -346,4 +346,20 @@ nlohmann::json readJsonFile(const std::string& path) {
   }
 }
 
+std::vector<std::string> setAsideCheckpointsAfter(const std::string& runDir, int64_t step) {
+  std::vector<std::string> moved;
+  const fs::path root = checkpointsRoot(runDir);
+  for (int64_t later : listCheckpoints(runDir)) {
+    if (later <= step) continue;
+    const std::string name = kStepPrefix + std::to_string(later);
+    fs::path target = root / (name + ".set-aside");
+    std::error_code ec;
+    for (int n = 2; fs::exists(target, ec); ++n) target = root / (name + ".set-aside-" + std::to_string(n));
+    renameOrFail(root / name, target);
+    moved.push_back(target.string());
+  }
+  if (!moved.empty()) fsyncPath(root, true);
+  return moved;
+}
+
 }  // namespace ptrain

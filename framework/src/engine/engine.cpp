@@ -1,5 +1,6 @@
 #include "ptrain/engine/engine.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "engine/checkpointer.h"
 #include "engine/progress.h"
+#include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/comm/communicator.h"
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
@@ -42,7 +44,66 @@ std::string scaleNote(const StepResult& result) {
          text::formatNumber(skipped == result.stats.end() ? 0.0 : skipped->second);
 }
 
+// The first of checkpoint.on_signal's signals this process received (0:
+// none). Set by the handler, read at step boundaries.
+volatile sig_atomic_t gStopSignal = 0;
+extern "C" void onStopSignal(int sig) {
+  if (gStopSignal == 0) gStopSignal = sig;
+}
+
+struct NamedSignal {
+  const char* name;
+  int number;
+};
+constexpr NamedSignal kStopSignals[] = {
+    {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGINT", SIGINT}, {"SIGHUP", SIGHUP}};
+
+std::string signalName(int number) {
+  for (const auto& s : kStopSignals)
+    if (s.number == number) return s.name;
+  return "signal " + std::to_string(number);
+}
+
+// Handlers installed for a session's life, and the dispositions they replaced.
+std::vector<std::pair<int, struct sigaction>> gSavedActions;
+
+void installStopHandlers(const std::vector<int>& signals) {
+  gStopSignal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : signals) {
+    struct sigaction old {};
+    if (sigaction(sig, &sa, &old) == 0) gSavedActions.emplace_back(sig, old);
+  }
+}
+
+void restoreStopHandlers() {
+  for (auto& [sig, old] : gSavedActions) sigaction(sig, &old, nullptr);
+  gSavedActions.clear();
+}
+
 }  // namespace
+
+int stopSignalNumber(const std::string& name) {
+  for (const auto& s : kStopSignals)
+    if (name == s.name) return s.number;
+  return 0;
+}
+
+std::vector<std::string> checkStopSignals(const Recipe& recipe) {
+  std::vector<std::string> problems;
+  if (!recipe.has("checkpoint.on_signal")) return problems;
+  for (const auto& name : recipe.getStringList("checkpoint.on_signal")) {
+    if (stopSignalNumber(name) == 0) {
+      problems.push_back(recipe.location("checkpoint.on_signal").str() + ": checkpoint.on_signal: '" + name +
+                         "' is not a signal ptrain saves on; expected any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, "
+                         "SIGHUP, or [] for none");
+    }
+  }
+  return problems;
+}
 
 struct TrainingSession::Metrics {
   explicit Metrics(const std::string& path) : writer(path) {}
@@ -79,9 +140,77 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   comm_ = std::make_unique<Communicator>(env, layoutFromRecipe(recipe, env.world_size), *prepared_.registry, ctx,
                                          commOptions);
   metrics_ = std::make_unique<Metrics>(isRankZero() ? (fs::path(runDir()) / "metrics.jsonl").string() : "");
+  if (recipe.has("checkpoint.on_signal")) {
+    for (const auto& name : recipe.getStringList("checkpoint.on_signal")) {
+      if (const int sig = stopSignalNumber(name)) stopSignals_.push_back(sig);
+    }
+  }
+  installStopHandlers(stopSignals_);
 }
 
-TrainingSession::~TrainingSession() = default;
+TrainingSession::~TrainingSession() { restoreStopHandlers(); }
+
+int64_t TrainingSession::checkStepFinite(int64_t step, double loss, double gradNorm, bool nonfinite) {
+  if (!nonfinite) {
+    nonfiniteInARow_ = 0;
+    return nonfiniteSkipped_;
+  }
+  const Recipe& r = recipe();
+  const bool skip = r.getString("train.on_nonfinite") == "skip";
+  const int64_t limit = r.getInt("train.nonfinite_skip_limit");
+  ++nonfiniteInARow_;
+  auto shown = [](double v) {
+    return std::isnan(v) ? std::string("nan") : std::isinf(v) ? std::string(v > 0 ? "inf" : "-inf") : text::formatNumber(v);
+  };
+  const std::string what = detail::concat("step ", step, ": loss ", shown(loss), ", gradient norm ", shown(gradNorm));
+  if (skip && nonfiniteInARow_ <= limit) {
+    ++nonfiniteSkipped_;
+    if (isRankZero()) {
+      logger()->warn("{}: not finite; update skipped (train.on_nonfinite: skip; {} in a row, {} in all, limit {} in a "
+                     "row)",
+                     what, nonfiniteInARow_, nonfiniteSkipped_, limit);
+    }
+    return nonfiniteSkipped_;
+  }
+  const auto latest = latestCheckpoint(runDir());
+  const std::string kept = latest ? detail::concat("the newest checkpoint, step_", *latest, ", is from before it")
+                                  : std::string("no checkpoint was saved");
+  const std::string why = skip ? detail::concat(" (", nonfiniteInARow_, " steps in a row, over train.nonfinite_skip_limit=",
+                                                limit, ")")
+                               : "";
+  const double lr = r.getFloat("optimizer.lr");
+  const std::string resume =
+      latest ? detail::concat(", and continue from step_", *latest, ": ptrain run --resume --run-dir ", runDir(),
+                              " optimizer.lr=", text::formatNumber(lr / 10), " --allow-changes")
+             : "";
+  throw NonFiniteError(what + ": not finite, the run diverged" + why + "; nothing of this state was saved, " + kept +
+                       ": lower optimizer.lr (now " + text::formatNumber(lr) + ") or add optimizer.warmup_steps" +
+                       resume);
+}
+
+bool TrainingSession::stopRequested() {
+  if (stopSignals_.empty()) return false;
+  if (stopAgreed_) return true;
+  ProcessGroup& world = comm_->world();
+  double received = static_cast<double>(gStopSignal);
+  if (world.size() > 1) {
+    at::Tensor flag = torch::tensor({received}, torch::kFloat64).to(device_);
+    AllreduceOptions max;
+    max.op = ReduceOp::kMax;
+    world.allreduce(flag, max)->wait();
+    received = flag.cpu().item<double>();
+  }
+  if (received <= 0) return false;
+  stopAgreed_ = true;
+  stopSignalSeen_ = static_cast<int>(received);
+  return true;
+}
+
+void TrainingSession::stopAfterSave(int64_t step) {
+  throw StoppedBySignal(detail::concat("stopped by ", signalName(stopSignalSeen_), " after step ", step,
+                                       ": checkpoint step_", step, " saved; continue with: ptrain run --resume "
+                                       "--run-dir ", runDir()));
+}
 
 RuntimeOptions TrainingSession::runtimeOptions() const {
   const Recipe& recipe = prepared_.recipe;
@@ -257,9 +386,11 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
                         {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
     if (runtime->device().is_cuda()) line["peak_device_mb"] = peakDeviceMemoryMb(runtime->device());
     if (!result.applied) line["skipped"] = true;
+    if (result.nonfinite) line["nonfinite"] = true;
     if (opCounter) line["aten_ops"] = ops;
     for (const auto& [k, v] : result.stats) line[k] = v;
     session.writeMetrics(line);
+    session.checkStepFinite(step, result.loss, result.grad_norm, result.nonfinite);
     progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps,
                     scaleNote(result));
 
@@ -270,9 +401,16 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
       session.writeMetrics(evalLine);
       progress.note(formatEval(step, summary.eval));
     }
+    bool saved = false;
     if ((ckptEvery > 0 && step % ckptEvery == 0) ||
         (step == steps && recipe.getBool("checkpoint.save_final"))) {
       session.saveCheckpoint(step, {runtime.get()});
+      saved = true;
+    }
+    if (session.stopRequested()) {
+      progress.finish();
+      if (!saved) session.saveCheckpoint(step, {runtime.get()});
+      session.stopAfterSave(step);
     }
   }
   progress.finish();

@@ -69,7 +69,7 @@ std::vector<std::string> checkOffload(const Recipe& recipe) {
                        "cpu tensors rest on disk: set offload.tier to auto or disk, or run with device: cuda");
   }
   if (recipe.getBool("optimizer.distributed")) {
-    problems.push_back(where + key.substr(key.find('.') + 1) +
+    problems.push_back(where + key +
                        "=true with optimizer.distributed=true: offload moves the whole optimizer's tensors, the "
                        "distributed optimizer keeps its own ranges; use one of the two");
   }

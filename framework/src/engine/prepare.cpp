@@ -1,3 +1,5 @@
+#include <cstdlib>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -13,6 +15,7 @@
 #include "ptrain/engine/trainer.h"
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/plugin/registry.h"
+#include "ptrain/recipe/schema.h"
 
 namespace ptrain {
 
@@ -34,6 +37,26 @@ void checkModelBuildsSlices(const Recipe& recipe, const LayoutRequest& layout, T
     recipe.fail(key, text);
   }
 }
+
+namespace {
+
+// communication.backend names a comm plugin that is installed ("auto" picks
+// one by device when the run starts).
+std::vector<std::string> checkCommBackend(const Recipe& recipe, PluginRegistry& registry) {
+  const std::string backend = recipe.getString("communication.backend");
+  if (backend == "auto") return {};
+  std::string installed;
+  for (const auto& p : registry.plugins()) {
+    if (p.kind != plugin_kind::kComm) continue;
+    if (p.name == backend) return {};
+    installed += (installed.empty() ? "" : ", ") + p.name;
+  }
+  return {recipe.location("communication.backend").str() + ": communication.backend: no comm plugin named '" +
+          backend + "' is installed; expected auto" + (installed.empty() ? "" : " or one of: " + installed) +
+          " (`ptrain plugins` lists them)"};
+}
+
+}  // namespace
 
 PreparedRecipe::PreparedRecipe() = default;
 PreparedRecipe::~PreparedRecipe() = default;
@@ -71,7 +94,10 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
     auto plugin = out.registry->create(plugin_kind::kTrainer, trainerName, ctx, "trainer.name");
     out.trainer.reset(static_cast<Trainer*>(plugin.release()));
   } catch (const PluginLoadError& e) {
-    probe.fail("trainer.name", e.what());
+    // The registry's message already names the key it was asked for.
+    std::string why = e.what();
+    if (why.rfind("trainer.name: ", 0) == 0) why = why.substr(std::string("trainer.name: ").size());
+    probe.fail("trainer.name", why);
   }
   out.trainer->describeKeys(schema);
   out.recipe.validate(schema);
@@ -87,6 +113,8 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkMoeSettings(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkMemorySettings(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
+  for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
+  for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
@@ -98,6 +126,41 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   out.trainer->setup(out.recipe);
   checkModelBuildsSlices(out.recipe, layout, *out.trainer);
   return out;
+}
+
+namespace {
+
+// "1e-3" and "0.001" are one value.
+bool sameValue(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char* endA = nullptr;
+  char* endB = nullptr;
+  const double x = std::strtod(a.c_str(), &endA);
+  const double y = std::strtod(b.c_str(), &endB);
+  return !a.empty() && !b.empty() && *endA == '\0' && *endB == '\0' && x == y;
+}
+
+}  // namespace
+
+std::vector<std::string> recipeChanges(const std::string& beforePath, const PreparedRecipe& after) {
+  Schema schema;
+  describeCoreKeys(schema);
+  after.trainer->describeKeys(schema);
+  Recipe before = Recipe::load(beforePath);
+  // Its defaults filled as the new recipe's were; a problem it has under
+  // today's schema is the new recipe's business, not a change.
+  before.validateAll(schema, /*allowUnknown=*/true);
+  std::set<std::string> keys;
+  for (const auto& k : before.keysUnder("")) keys.insert(k);
+  for (const auto& k : after.recipe.keysUnder("")) keys.insert(k);
+  std::vector<std::string> changes;
+  for (const auto& key : keys) {
+    const std::string was = before.valueText(key);
+    const std::string now = after.recipe.valueText(key);
+    if (sameValue(was, now)) continue;
+    changes.push_back(key + ": " + (was.empty() ? "(not set)" : was) + " -> " + (now.empty() ? "(not set)" : now));
+  }
+  return changes;
 }
 
 }  // namespace ptrain

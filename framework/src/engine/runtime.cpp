@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -388,6 +389,14 @@ StepResult ModelRuntime::step(const StepInput& input) {
   StepResult result;
   result.step = input.step;
   result.loss_scale = lossScale;
+  // The loss is known on every rank before the update, so that a non-finite
+  // one can keep the parameters as they are.
+  at::Tensor lossT = torch::tensor({lossSum}, torch::TensorOptions(torch::kFloat64).device(device()));
+  if (dpGroup->size() > 1) dpGroup->allreduce(lossT)->wait();
+  // Only the last pipeline stage computes the loss; the others add 0.
+  if (ppGroup->size() > 1) ppGroup->allreduce(lossT)->wait();
+  result.loss_sum = lossT.item<double>();
+  result.loss = result.loss_sum / input.loss_divisor;
   // Each value is counted by one rank (countedInNorm_), so the world's sum is
   // the model's.
   std::function<void(at::Tensor&)> sumOverWorld;
@@ -398,6 +407,14 @@ StepResult ModelRuntime::step(const StepInput& input) {
   GradientCheck check{&params, result.grad_norm};
   bool allowed = true;
   for (auto* h : hooks_) allowed = h->mayStep(check) && allowed;
+  // A hook that refused (fp16's loss scaler on an overflow) owns that skip.
+  // Otherwise no update is made from a non-finite loss or gradient, in any
+  // precision: the engine applies train.on_nonfinite to the step. The norm
+  // and the loss are the same on every rank, so every rank decides alike.
+  if (allowed && (!std::isfinite(result.grad_norm) || !std::isfinite(result.loss))) {
+    allowed = false;
+    result.nonfinite = true;
+  }
   if (allowed) {
     // Clipping and the loss scale are folded into the update: the optimizer
     // scales each gradient as it reads it.
@@ -409,13 +426,6 @@ StepResult ModelRuntime::step(const StepInput& input) {
     reportMemory(result, activationBytes);
   }
   optimizer_->zeroGrad();
-
-  at::Tensor lossT = torch::tensor({lossSum}, torch::TensorOptions(torch::kFloat64).device(device()));
-  if (dpGroup->size() > 1) dpGroup->allreduce(lossT)->wait();
-  // Only the last pipeline stage computes the loss; the others add 0.
-  if (ppGroup->size() > 1) ppGroup->allreduce(lossT)->wait();
-  result.loss_sum = lossT.item<double>();
-  result.loss = result.loss_sum / input.loss_divisor;
   for (auto* h : hooks_) h->afterStep(result);
   for (auto* h : hooks_)
     for (const auto& [k, v] : h->stepStats()) result.stats[k] = v;

@@ -663,8 +663,26 @@ void agreeOnFailure(ProcessGroup& world, at::Device device, const std::string& e
   const int64_t worst = flag.cpu().item<int64_t>();
   if (worst == 0) return;
   if (!error.empty()) throw CheckpointError(error);
-  throw CheckpointError(detail::concat(what, ": stopped, because rank ", world.size() - worst, " failed (its own line says why)"));
+  throw PeerFailedError(detail::concat(what, ": stopped, because rank ", world.size() - worst, " failed (its own line says why)"));
 }
+
+namespace {
+
+// Whether every element of `t` is finite, a slab of rows at a time: the test's
+// own bool tensor stays small whatever the size of the shard.
+bool allFinite(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.is_floating_point()) return true;
+  if (t.dim() == 0) return t.isfinite().item<bool>();
+  constexpr int64_t kElements = int64_t{1} << 20;
+  const int64_t rowElements = std::max<int64_t>(1, t.numel() / t.size(0));
+  const int64_t rows = std::max<int64_t>(1, kElements / rowElements);
+  for (int64_t first = 0; first < t.size(0); first += rows) {
+    if (!t.narrow(0, first, std::min(rows, t.size(0) - first)).isfinite().all().item<bool>()) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 uint64_t writeShardedCheckpoint(const std::string& dir, int64_t step, const std::vector<ModelRuntime*>& runtimes,
                                 ProcessGroup& world) {
@@ -674,9 +692,34 @@ uint64_t writeShardedCheckpoint(const std::string& dir, int64_t step, const std:
   uint64_t bytes = 0;
   json part{{"files", json::object()}, {"runtimes", json::object()}};
   std::string error;
+  // No checkpoint holds a non-finite parameter: a run that diverged keeps its
+  // last good step as the newest (train.on_nonfinite). Every rank checks its
+  // own share; all learn of it together.
+  std::vector<RankShare> shares;
+  std::string nonFinite;
+  for (ModelRuntime* runtime : runtimes) {
+    shares.push_back(runtime->checkpointShare());
+    for (const ShardedTensor& t : shares.back().parameters) {
+      if (nonFinite.empty() && !allFinite(t.local)) nonFinite = runtime->name() + "'s " + t.name;
+    }
+  }
+  at::Tensor flag = torch::tensor({nonFinite.empty() ? 0.0f : 1.0f}, torch::kFloat32).to(device);
+  if (world.size() > 1) {
+    AllreduceOptions max;
+    max.op = ReduceOp::kMax;
+    world.allreduce(flag, max)->wait();
+  }
+  if (flag.cpu().item<float>() > 0) {
+    throw NonFiniteError(detail::concat(
+        "step ", step, ": not saved: ",
+        nonFinite.empty() ? "another rank's parameters hold" : "parameter " + nonFinite + " holds",
+        " NaN or inf values (the run diverged); the newest checkpoint is still the last good one: lower optimizer.lr "
+        "or resume from an earlier step (ptrain run --resume --from-step N)"));
+  }
   try {
-    for (ModelRuntime* runtime : runtimes) {
-      const json mine = writeRankShare(dir, runtime->name(), rank, runtime->checkpointShare());
+    for (size_t i = 0; i < runtimes.size(); ++i) {
+      ModelRuntime* runtime = runtimes[i];
+      const json mine = writeRankShare(dir, runtime->name(), rank, shares[i]);
       for (const auto& [file, record] : mine["files"].items()) {
         syncFile((fs::path(dir) / file).string());
         bytes += record.at("bytes").get<uint64_t>();

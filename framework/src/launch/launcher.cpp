@@ -68,7 +68,7 @@ extern "C" void onSignal(int sig) {
   errno = savedErrno;
 }
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD};
 constexpr size_t kNumHandled = std::size(kHandledSignals);
 
 // Read by forked children before exec, so plain globals set before fork().
@@ -322,6 +322,8 @@ struct Worker {
   pid_t pid = -1;
   bool exited = false;  // seen by waitid(WNOWAIT), still a zombie
   bool reaped = false;
+  int exitOrder = 0;      // 1 for the first worker seen to exit, 2 for the next, ...
+  bool stoppedByUs = false;  // it exited after the launcher signalled the workers
   int code = 0;         // exit code, or 128 + signal
   int signal = 0;       // 0 unless killed by a signal
   std::unique_ptr<LineStream> out;
@@ -598,9 +600,54 @@ int findFreePort(const std::string& host) {
 namespace {
 
 // LaunchOptions::exit_record_path: how every worker ended, as JSON, written
-// to a temporary name and renamed, so a reader never sees half of it.
-void writeExitRecord(const std::string& path, const std::vector<Worker>& workers, int result, int firstFailure,
-                     int stopSignal) {
+// to a temporary name and renamed, so a reader never sees half of it. The
+// temporary file's space is taken when the launch begins (ExitRecordSpace),
+// so the record is written even when the workers have filled the disk.
+class ExitRecordSpace {
+ public:
+  ExitRecordSpace(const std::string& path, size_t workers) {
+    if (path.empty()) return;
+    temporary_ = path + ".tmp";
+    fd_ = open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;
+    // About 80 bytes a worker, and room to spare.
+    reserved_ = 4096 + 128 * static_cast<off_t>(workers);
+    if (posix_fallocate(fd_, 0, reserved_) != 0) reserved_ = 0;
+  }
+  ~ExitRecordSpace() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ExitRecordSpace(const ExitRecordSpace&) = delete;
+  ExitRecordSpace& operator=(const ExitRecordSpace&) = delete;
+
+  // Writes `json` into the reserved file and renames it to `path`.
+  bool write(const std::string& path, const std::string& json) {
+    if (fd_ < 0) {
+      fd_ = open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd_ < 0) return false;
+    }
+    size_t done = 0;
+    while (done < json.size()) {
+      const ssize_t n = pwrite(fd_, json.data() + done, json.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    // Shrinking needs no space.
+    if (ftruncate(fd_, static_cast<off_t>(json.size())) != 0 || fsync(fd_) != 0) return false;
+    close(fd_);
+    fd_ = -1;
+    return std::rename(temporary_.c_str(), path.c_str()) == 0;
+  }
+
+ private:
+  std::string temporary_;
+  int fd_ = -1;
+  off_t reserved_ = 0;
+};
+
+void writeExitRecord(ExitRecordSpace& space, const std::string& path, const std::vector<Worker>& workers, int result,
+                     int firstFailure, int stopSignal) {
   std::string json = detail::concat("{\"result\": ", result, ", \"first_failure_rank\": ", firstFailure,
                                     ", \"launcher_signal\": ",
                                     stopSignal != 0 ? "\"" + signalName(stopSignal) + "\"" : std::string("null"),
@@ -611,15 +658,7 @@ void writeExitRecord(const std::string& path, const std::vector<Worker>& workers
                            w.signal != 0 ? "\"" + signalName(w.signal) + "\"" : std::string("null"), "}");
   }
   json += "]}\n";
-  const std::string temporary = path + ".tmp";
-  FdGuard fd(open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0 || !writeAll(fd.get(), json.data(), json.size())) {
-    logger()->warn("cannot write {}: {}", temporary, std::strerror(errno));
-    return;
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    logger()->warn("cannot write {}: {}", path, std::strerror(errno));
-  }
+  if (!space.write(path, json)) logger()->warn("cannot write {}: {}", path, std::strerror(errno));
 }
 
 }  // namespace
@@ -698,6 +737,7 @@ int launchWorkers(const LaunchOptions& options) {
   // Declaration order matters: the workers are killed and reaped (WorkerSet)
   // before the handlers are restored (SignalScope), so a SIGINT during
   // cleanup still reaches our handler rather than killing the launcher.
+  ExitRecordSpace exitSpace(options.exit_record_path, static_cast<size_t>(nproc));
   SignalScope signals;
   WorkerSet set;
   set.workers.resize(static_cast<size_t>(nproc));
@@ -720,6 +760,7 @@ int launchWorkers(const LaunchOptions& options) {
   bool stopping = false;        // SIGTERM sent to the workers
   bool killed = false;          // SIGKILL sent to the workers
   int handledStops = 0;         // stop signals already acted on
+  int exits = 0;                // workers seen to exit so far
   Clock::time_point killAt{};
 
   auto drainAll = [&] {
@@ -736,13 +777,18 @@ int launchWorkers(const LaunchOptions& options) {
     }
     errTarget.write(line);
   };
-  auto beginStop = [&] {
+  auto savesOn = [&](int sig) {
+    return std::find(options.save_signals.begin(), options.save_signals.end(), sig) != options.save_signals.end();
+  };
+  // `sig`: what the workers get (SIGTERM, or a signal they save on), and
+  // with it how long they have before SIGKILL.
+  auto beginStop = [&](int sig) {
     stopping = true;
     // Capped so that an absurd grace period cannot overflow the clock.
-    const double grace = std::min(options.grace_seconds, 86400.0);
+    const double grace = std::min(savesOn(sig) ? options.save_grace_seconds : options.grace_seconds, 86400.0);
     killAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
     for (auto& w : set.workers) {
-      if (!w.exited) signalGroup(w, SIGTERM);
+      if (!w.exited) signalGroup(w, sig);
     }
   };
   auto killRemaining = [&] {
@@ -794,22 +840,37 @@ int launchWorkers(const LaunchOptions& options) {
       if (!stopping) {
         const int sig = gStopSignal;
         result = 128 + sig;
-        say(detail::concat("ptrain: received ", signalName(sig), "; stopping the workers\n"));
-        beginStop();
+        if (savesOn(sig)) {
+          say(detail::concat("ptrain: received ", signalName(sig),
+                             "; the workers save a checkpoint at the next step boundary and stop (within ",
+                             options.save_grace_seconds, " s; send it again to stop them without saving)\n"));
+          beginStop(sig);
+        } else {
+          // The same signal: a worker that does not save on it ends by it.
+          say(detail::concat("ptrain: received ", signalName(sig), "; stopping the workers\n"));
+          beginStop(sig);
+        }
       } else if (!killed) {
         killRemaining();
       }
     }
 
     for (auto& w : set.workers) {
-      if (!pollExit(w) || stopping || w.code == 0) continue;
+      if (!pollExit(w)) continue;
+      w.exitOrder = ++exits;
+      w.stoppedByUs = stopping;
+      // 75: the ranks agreed to stop after saving (a signal reached them
+      // directly); the others follow by themselves.
+      if (stopping || w.code == 0 || w.code == kExitStoppedAndSaved) continue;
       // First failure: show what the failing rank said before the verdict.
       drainAll();
       const bool others = liveCount() > 0;
-      say(detail::concat("ptrain: ", describeExit(w), others ? "; stopping the other workers" : "", "\n"));
+      say(detail::concat("ptrain: ", describeExit(w),
+                         w.code == kExitPeerFailed ? " (it lost another rank, which is the cause)" : "",
+                         others ? "; stopping the other workers" : "", "\n"));
       result = w.code;
       firstFailure = w.rank;
-      beginStop();
+      beginStop(SIGTERM);
     }
 
     if (stopping && !killed && Clock::now() >= killAt) killRemaining();
@@ -847,8 +908,33 @@ int launchWorkers(const LaunchOptions& options) {
     w.err->finish();
   }
   if (terminal.pendingCr != nullptr) terminal.pendingTarget->write("\n");
+  // The cause is the rank whose own error came first: a rank that exited 5
+  // only lost a peer (the peer failed, maybe more slowly), and a rank the
+  // launcher stopped did not fail by itself. Among the rest, the first to
+  // exit; when there are none, the first failure stands.
+  if (firstFailure >= 0) {
+    const Worker* cause = nullptr;
+    for (const auto& w : set.workers) {
+      const bool own = w.code != 0 && w.code != kExitPeerFailed && w.code != kExitStoppedAndSaved &&
+                       !(w.stoppedByUs && w.signal != 0);
+      if (own && (cause == nullptr || w.exitOrder < cause->exitOrder)) cause = &w;
+    }
+    if (cause != nullptr && cause->rank != firstFailure) {
+      say(detail::concat("ptrain: the cause: ", describeExit(*cause), " (its own error; rank ", firstFailure,
+                         " stopped because of it)\n"));
+      firstFailure = cause->rank;
+      result = cause->code;
+    }
+  }
+  // Every rank saved and stopped: the run can be resumed, whoever sent the signal.
+  if (firstFailure < 0 && !set.workers.empty() &&
+      std::all_of(set.workers.begin(), set.workers.end(),
+                  [](const Worker& w) { return w.code == kExitStoppedAndSaved; })) {
+    result = kExitStoppedAndSaved;
+  }
   if (!options.exit_record_path.empty()) {
-    writeExitRecord(options.exit_record_path, set.workers, result, firstFailure, handledStops > 0 ? gStopSignal : 0);
+    writeExitRecord(exitSpace, options.exit_record_path, set.workers, result, firstFailure,
+                    handledStops > 0 ? gStopSignal : 0);
   }
   return result;
 }

@@ -311,7 +311,10 @@ std::vector<Advice> adviseWhenOverMemory(const ModelShape& m, const Layout& l, c
     next.recompute = mode;
     if (push(std::string("model.recompute=") + mode)) return out;
   }
-  if (next.dp > 1 && !next.distributed_optimizer && !next.offload_optimizer) {
+  // The distributed optimizer keeps its own ranges; it does not run beside
+  // an offloaded tier (engine/offload.h refuses the pair).
+  if (next.dp > 1 && !next.distributed_optimizer && !next.offload_optimizer && !next.offload_params &&
+      !next.offload_grads) {
     next.distributed_optimizer = true;
     if (push("optimizer.distributed=true")) return out;
   }

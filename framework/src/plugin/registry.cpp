@@ -1,10 +1,13 @@
 #include "ptrain/plugin/registry.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -27,10 +30,60 @@ std::map<std::string, boost::dll::shared_library>& loadedLibraries() {
   return *libs;
 }
 
+// Checks that `path` is a whole shared library of this machine's kind before
+// the loader maps it: a truncated file would be mapped past its end and the
+// first touch of the missing pages kills the process (SIGBUS); a foreign one
+// would fail deep inside the loader. Throws PluginLoadError naming the file.
+void validateLibraryFile(const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    throw PluginLoadError(path + ": not a usable plugin library: " + why +
+                          "; rebuild or reinstall it, or remove it from the plugin path");
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) refuse("not a regular file");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) refuse("cannot read its size (" + ec.message() + ")");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse("cannot be opened");
+  Elf64_Ehdr header{};
+  if (size < sizeof header || !in.read(reinterpret_cast<char*>(&header), sizeof header)) {
+    refuse("too short to be a shared library (" + std::to_string(size) + " bytes)");
+  }
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) refuse("not an ELF file");
+  if (header.e_ident[EI_CLASS] != ELFCLASS64) refuse("not a 64-bit library");
+#if defined(__x86_64__)
+  constexpr uint16_t kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint16_t kMachine = EM_AARCH64;
+#else
+  const uint16_t kMachine = header.e_machine;
+#endif
+  if (header.e_machine != kMachine) refuse("built for another processor (ELF machine " + std::to_string(header.e_machine) + ")");
+  if (header.e_type != ET_DYN) refuse("not a shared library (ELF type " + std::to_string(header.e_type) + ")");
+  // Everything the loader maps must lie inside the file.
+  const auto truncated = [&](uintmax_t need) {
+    refuse("truncated: " + std::to_string(size) + " bytes, its headers describe " + std::to_string(need));
+  };
+  const uintmax_t phEnd = header.e_phoff + static_cast<uintmax_t>(header.e_phnum) * header.e_phentsize;
+  if (header.e_phentsize != sizeof(Elf64_Phdr) || phEnd > size) truncated(phEnd);
+  in.seekg(static_cast<std::streamoff>(header.e_phoff));
+  for (int i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) truncated(phEnd);
+    if (ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC) {
+      const uintmax_t end = ph.p_offset + ph.p_filesz;
+      if (end > size) truncated(end);
+    }
+  }
+  const uintmax_t shEnd = header.e_shoff + static_cast<uintmax_t>(header.e_shnum) * header.e_shentsize;
+  if (header.e_shoff != 0 && shEnd > size) truncated(shEnd);
+}
+
 const boost::dll::shared_library& openLibrary(const std::string& path) {
   auto& libs = loadedLibraries();
   auto it = libs.find(path);
   if (it != libs.end()) return it->second;
+  validateLibraryFile(path);
   boost::dll::shared_library lib;
   boost::dll::fs::error_code ec;
   lib.load(path, boost::dll::load_mode::default_mode, ec);

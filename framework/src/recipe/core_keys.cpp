@@ -67,6 +67,16 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("train.eval_every", T::kInt, "0", "Evaluate every this many steps; 0 never evaluates during training."), 0));
   s.add(reserved(atLeast(key("train.eval_batches", T::kInt, "8", "Batches per evaluation."), 1),
                  "the trainer sizes evaluation, e.g. the llm trainer's data.eval_size", {}));
+  s.add(oneOf(key("train.on_nonfinite", T::kString, "stop",
+                  "What a step whose loss or gradient norm is not finite (NaN, inf) does, in every precision (fp16's "
+                  "loss scaler still skips its overflow steps first): `stop` ends the run with exit code 4 before "
+                  "anything of that state is saved (the newest checkpoint stays the last good one); `skip` leaves the "
+                  "parameters as they were and goes on (Megatron's skipped iteration), up to "
+                  "train.nonfinite_skip_limit steps in a row."),
+              {"stop", "skip"}));
+  s.add(atLeast(key("train.nonfinite_skip_limit", T::kInt, "10",
+                    "With on_nonfinite: skip, this many non-finite steps in a row end the run as `stop` does."),
+                1));
   s.add(atLeast(key("train.log_every", T::kInt, "10", "Log the loss every this many steps."), 1));
 
   s.add(oneOf(key("optimizer.name", T::kString, "adamw", "Optimizer."), {"adamw", "sgd"}));
@@ -132,6 +142,16 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));
   s.add(key("checkpoint.save_final", T::kBool, "true", "Save a checkpoint after the last step."));
+
+  s.add(key("checkpoint.on_signal", T::kStringList, "[SIGTERM, SIGUSR1]",
+            "Signals after which the run saves a checkpoint at the next step boundary and exits with code 75 "
+            "(resume with `ptrain run --resume`): any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP; `[]` turns it "
+            "off (a signal then stops the run without saving). The launcher forwards these to every worker."));
+  s.add(above(key("checkpoint.signal_grace_s", T::kFloat, "25",
+                  "After forwarding a stop signal, seconds the launcher waits for the workers to finish their step and "
+                  "save before it kills them (keep it below the scheduler's own grace: Slurm's KillWait and "
+                  "Kubernetes' terminationGracePeriodSeconds are 30 s by default)."),
+              0));
 
   s.add(oneOf(key("log.level", T::kString, "info", "Least severe log message printed."),
               {"trace", "debug", "info", "warn", "error"}));

@@ -66,15 +66,57 @@ std::string parentOf(const std::string& path) {
 
 std::string lastName(const std::string& path) { return path.substr(path.rfind('.') + 1); }
 
+// What a recipe may be, so that no input can take minutes or gigabytes
+// before its one line (docs/recipes.md, "Limits"). A real recipe is a few
+// kilobytes, a dozen keys deep at most, with a handful of includes.
+constexpr uintmax_t kMaxRecipeBytes = 1 << 20;  // per file
+constexpr int kMaxRecipeFiles = 64;             // the recipe and every file its defaults read
+constexpr int kMaxRecipeDepth = 32;             // nested sections and lists
+constexpr int64_t kMaxRecipeNodes = 100000;     // values and keys, aliases expanded
+
+// Counts the nodes a recipe expands to (an alias counts again each time it
+// is used) and their nesting, over every document of one load.
+struct NodeBudget {
+  int64_t nodes = 0;
+
+  void visit(const YAML::Node& n, int depth, const std::string& file, const std::string& path) {
+    if (++nodes > kMaxRecipeNodes) {
+      throw ConfigError(at(file, n.Mark()).str() + ": " + (path.empty() ? "" : path + ": ") +
+                        "the recipe expands to more than " + std::to_string(kMaxRecipeNodes) +
+                        " values (aliases count each time they are used); a recipe this large is refused");
+    }
+    if (depth > kMaxRecipeDepth) {
+      throw ConfigError(at(file, n.Mark()).str() + ": " + (path.empty() ? "" : path + ": ") + "nested more than " +
+                        std::to_string(kMaxRecipeDepth) + " levels deep; a recipe this deep is refused");
+    }
+  }
+
+  // A list or scalar value, with everything inside it.
+  void value(const YAML::Node& n, int depth, const std::string& file, const std::string& path) {
+    visit(n, depth, file, path);
+    if (n.IsSequence()) {
+      for (const auto& e : n) value(e, depth + 1, file, path);
+    } else if (n.IsMap()) {
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        value(it->first, depth + 1, file, path);
+        value(it->second, depth + 1, file, path);
+      }
+    }
+  }
+};
+
 // Turns one YAML document (or an override value) into ops, recording where
 // every mapping key was written.
 class Flattener {
  public:
-  Flattener(std::vector<Op>& ops, std::map<std::string, Written>& written) : ops_(ops), written_(written) {}
+  Flattener(std::vector<Op>& ops, std::map<std::string, Written>& written, NodeBudget* budget = nullptr)
+      : ops_(ops), written_(written), budget_(budget != nullptr ? budget : &ownBudget_) {}
 
   void mapping(const YAML::Node& map, const std::string& prefix, const std::string& file,
                std::map<std::string, SourceLocation>& seen, bool topLevel) {
+    const int depth = prefix.empty() ? 0 : static_cast<int>(std::count(prefix.begin(), prefix.end(), '.')) + 1;
     for (auto it = map.begin(); it != map.end(); ++it) {
+      budget_->visit(it->first, depth + 1, file, prefix);
       const YAML::Node k = it->first;  // copies: `it->` yields a temporary
       const YAML::Node v = it->second;
       SourceLocation keyLoc = at(file, k.Mark());
@@ -101,11 +143,14 @@ class Flattener {
 
   void value(const YAML::Node& v, const std::string& path, const std::string& file, const SourceLocation& keyLoc,
              const SourceLocation& valueLoc, std::map<std::string, SourceLocation>& seen) {
+    const int depth = static_cast<int>(std::count(path.begin(), path.end(), '.')) + 1;
     if (v.IsMap()) {
+      budget_->visit(v, depth, file, path);
       mapping(v, path, file, seen, false);
     } else if (v.IsNull()) {
       ops_.push_back(Op{true, path, YAML::Node(), keyLoc, valueLoc});
     } else {
+      budget_->value(v, depth, file, path);
       ops_.push_back(Op{false, path, v, keyLoc, valueLoc});
     }
   }
@@ -113,9 +158,23 @@ class Flattener {
  private:
   std::vector<Op>& ops_;
   std::map<std::string, Written>& written_;
+  NodeBudget ownBudget_;
+  NodeBudget* budget_;
 };
 
+// Refuses what is not a regular file of a recipe's size before opening it
+// (opening a FIFO would wait for a writer; /dev/zero never ends).
 std::string readText(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!ec && !fs::is_regular_file(status)) {
+    throw ConfigError("recipe " + path + " is not a regular file (a device, pipe or socket); give a .yaml file");
+  }
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxRecipeBytes) {
+    throw ConfigError("recipe " + path + " is " + std::to_string(size) + " bytes, over the " +
+                      std::to_string(kMaxRecipeBytes) + " a recipe may have; is it the right file?");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read recipe " + path + "; check its permissions");
   std::ostringstream os;
@@ -140,6 +199,11 @@ class Loader {
   Loader(std::vector<Op>& ops, std::map<std::string, Written>& written) : ops_(ops), written_(written) {}
 
   void file(const std::string& shownPath) {
+    if (++files_ > kMaxRecipeFiles) {
+      throw ConfigError(shownPath + ": the recipe reads more than " + std::to_string(kMaxRecipeFiles) +
+                        " files through its defaults (a file named by several others counts each time); a recipe "
+                        "graph this large is refused");
+    }
     std::error_code ec;
     fs::path p(shownPath);
     if (!fs::exists(p, ec)) throw ConfigError("recipe not found: " + shownPath);
@@ -153,6 +217,11 @@ class Loader {
   }
 
   void text(const std::string& yaml, const std::string& sourceName, const fs::path& baseDir) {
+    if (yaml.size() > kMaxRecipeBytes) {
+      throw ConfigError(sourceName + ": " + std::to_string(yaml.size()) + " bytes, over the " +
+                        std::to_string(kMaxRecipeBytes) + " a recipe may have");
+    }
+    ++files_;
     shownStack_.push_back(sourceName);
     document(yaml, sourceName, baseDir);
     shownStack_.pop_back();
@@ -170,7 +239,7 @@ class Loader {
     const YAML::Node defaults = static_cast<const YAML::Node&>(root)["defaults"];
     if (defaults.IsDefined() && !defaults.IsNull()) includeDefaults(defaults, file, dir);
     std::map<std::string, SourceLocation> seen;
-    Flattener(ops_, written_).mapping(root, "", file, seen, true);
+    Flattener(ops_, written_, &budget_).mapping(root, "", file, seen, true);
   }
 
   void includeDefaults(const YAML::Node& defaults, const std::string& file, const fs::path& dir) {
@@ -215,6 +284,8 @@ class Loader {
   std::map<std::string, Written>& written_;
   std::vector<std::string> stack_;       // canonical paths of the files being read
   std::vector<std::string> shownStack_;  // the same (plus a string source) as shown in messages
+  int files_ = 0;
+  NodeBudget budget_;
 };
 
 // "a.b=value" -> ops; `file` names the source in messages.
@@ -651,6 +722,19 @@ void emitValue(YAML::Emitter& out, const YAML::Node& n) {
   }
   out << YAML::Null;
 }
+
+}  // namespace
+
+std::string Recipe::valueText(const std::string& key) const {
+  const Leaf* l = impl_->leaf(key);
+  if (l == nullptr) return "";
+  YAML::Emitter out;
+  out << YAML::Flow;
+  emitValue(out, l->value);
+  return out.c_str();
+}
+
+namespace {
 
 void emitTree(YAML::Emitter& out, const Tree& t) {
   out << YAML::BeginMap;

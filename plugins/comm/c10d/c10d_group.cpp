@@ -97,7 +97,7 @@ void GroupState::rethrow(const char* op, Timeout waited) const {
     }
     if (contains(why, "closed by peer") || contains(why, "reset by peer") || contains(why, "Broken pipe")) {
       broken = true;
-      throw CommError(detail::concat(where(op), " failed: a peer closed its connection; did another rank exit? (",
+      throw PeerFailedError(detail::concat(where(op), " failed: a peer closed its connection; did another rank exit? (",
                                      why, ")"));
     }
     throw CommError(detail::concat(where(op), " failed: ", why));

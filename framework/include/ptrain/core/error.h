@@ -19,9 +19,12 @@ class PTRAIN_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
   ~Error() override;
-  // Process exit code the CLI uses for this error: 2 for a user's mistake
-  // (bad recipe, missing plugin, layout that does not fit), 1 for failures
-  // at run time (a peer died, a collective timed out).
+  // Process exit code the CLI uses for this error (docs/launching.md, "Exit
+  // codes"): 2 for a user's mistake (bad recipe, missing plugin, layout that
+  // does not fit, a run folder in use), 1 for failures at run time (a peer
+  // died, a collective timed out), 3 out of memory, 4 a non-finite loss or
+  // gradient, 5 stopped because another rank failed, 75 stopped by a signal
+  // after saving a checkpoint.
   virtual int exitCode() const { return 2; }
 };
 
@@ -48,6 +51,17 @@ class PTRAIN_API CommError : public Error {
   int exitCode() const override { return 1; }
 };
 
+// This rank stopped because another rank failed or went away: its
+// connection closed mid-collective, or it reported an error of its own to the
+// others (agreeOnFailure). A consequence, not the cause: exit code 5, so that
+// the launcher and exit.json blame the rank whose own error came first.
+class PTRAIN_API PeerFailedError : public CommError {
+ public:
+  using CommError::CommError;
+  ~PeerFailedError() override;
+  int exitCode() const override { return 5; }
+};
+
 // A collective or rendezvous ran past its deadline.
 class PTRAIN_API TimeoutError : public CommError {
  public:
@@ -70,6 +84,33 @@ class PTRAIN_API OutOfMemoryError : public Error {
   ~OutOfMemoryError() override;
   int exitCode() const override { return 3; }
 };
+
+// The loss or the gradient norm stopped being finite (train.on_nonfinite:
+// stop, or more skipped steps in a row than train.nonfinite_skip_limit), or a
+// checkpoint would hold a non-finite value. Nothing of that state is saved.
+// Exit code 4.
+class PTRAIN_API NonFiniteError : public Error {
+ public:
+  using Error::Error;
+  ~NonFiniteError() override;
+  int exitCode() const override { return 4; }
+};
+
+// The run was asked to stop (checkpoint.on_signal: SIGTERM, SIGUSR1, ...) and
+// saved a checkpoint at a step boundary first; `ptrain run --resume`
+// continues it. Exit code 75 (EX_TEMPFAIL: try again later), what a
+// scheduler's requeue logic can test for.
+class PTRAIN_API StoppedBySignal : public Error {
+ public:
+  using Error::Error;
+  ~StoppedBySignal() override;
+  int exitCode() const override { return 75; }
+};
+
+// Exit codes of ptrain's processes beyond Error::exitCode()'s.
+inline constexpr int kExitNonFinite = 4;
+inline constexpr int kExitPeerFailed = 5;
+inline constexpr int kExitStoppedAndSaved = 75;
 
 // Internal invariant broken: a bug in ptrain or a plugin, not the user's fault.
 class PTRAIN_API InternalError : public Error {

@@ -11,7 +11,8 @@
 // the engine puts inside a checkpoint.
 //
 // One process writes a run directory at a time (in a multi-rank run, the rank
-// the engine chooses); readers may run at any time.
+// the engine chooses; `ptrain run` holds the folder's lock, launch/run_lock.h,
+// so that no second run writes it); readers may run at any time.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,14 @@ PTRAIN_API std::optional<int64_t> latestCheckpoint(const std::string& runDir);
 // Throws CheckpointError when a folder cannot be renamed or removed.
 PTRAIN_API void pruneCheckpoints(const std::string& runDir, int keep,
                                  std::optional<int64_t> justWritten = std::nullopt);
+
+// For a run resumed from an earlier step than its newest (`ptrain run
+// --resume --from-step N`): renames every complete step_M with M > `step` to
+// step_M.set-aside (step_M.set-aside-2, ... when taken), which no reader
+// takes for a checkpoint and no save or prune touches, so the run continues
+// from `step` and the user decides what to do with the rest. Returns the new
+// paths. Throws CheckpointError when a folder cannot be renamed.
+PTRAIN_API std::vector<std::string> setAsideCheckpointsAfter(const std::string& runDir, int64_t step);
 
 // Writes `value` as indented JSON (with a final newline) to `path`, through a
 // temporary file in the same folder that is fsync'ed and renamed over `path`,

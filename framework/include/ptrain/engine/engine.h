@@ -49,6 +49,14 @@ struct PTRAIN_API PreparedRecipe {
 PTRAIN_API PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::string>& overrides,
                                         int worldSize, int rank = 0);
 
+// What `ptrain run --resume` lists before it continues a run with another
+// recipe: every key whose resolved value differs between the recipe the run
+// was started with (`beforePath`, RUN_DIR/recipe.yaml) and `after`, one line
+// each, "key: old -> new" ("(not set)" where a side has none); empty when
+// they agree. `before` is resolved against `after`'s schema (the core keys
+// and its trainer's). Throws ConfigError when `beforePath` cannot be read.
+PTRAIN_API std::vector<std::string> recipeChanges(const std::string& beforePath, const PreparedRecipe& after);
+
 // A layout that splits parameters (tp, or ep / etp for a model with experts,
 // above 1) needs a model that builds only each rank's slice of them: builds
 // the trainer's model (set up) whole without storage, as a runtime does
@@ -80,7 +88,14 @@ struct TrainSummary {
 struct EngineOptions {
   std::string run_dir;
   bool resume = false;
+  // With resume: the checkpoint step to resume from (-1: the newest).
+  int64_t resume_step = -1;
 };
+
+// The signal names checkpoint.on_signal accepts, and their numbers.
+PTRAIN_API int stopSignalNumber(const std::string& name);  // 0 when not one of them
+// Problems with checkpoint.on_signal (one line each; empty when fine).
+PTRAIN_API std::vector<std::string> checkStopSignals(const Recipe& recipe);
 
 // What a training run gives its trainer: the recipe, the communicator, the
 // run folder, runtimes on any layout of the job's ranks, metrics and
@@ -136,6 +151,24 @@ class PTRAIN_API TrainingSession {
   // checkpoint's step. Throws CheckpointError. Collective over the world.
   int64_t loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& sources,
                           const std::vector<ModelRuntime*>& runtimes);
+  // Applies train.on_nonfinite after a training step (every rank calls it
+  // with the same values): a step that is `nonfinite` (StepResult::nonfinite:
+  // its loss or gradient norm was NaN or inf and no hook, such as fp16's loss
+  // scaler, owned the skip) throws NonFiniteError (exit code 4) under `stop`,
+  // naming the step, its `loss` and `gradNorm` and the newest checkpoint;
+  // under `skip` it is counted (logged on rank 0) until
+  // train.nonfinite_skip_limit of them in a row end the run the same way.
+  // Returns the steps skipped so far.
+  int64_t checkStepFinite(int64_t step, double loss, double gradNorm, bool nonfinite);
+  // Whether the run was asked to stop: true on every rank when any rank got
+  // one of checkpoint.on_signal's signals since the run began. Collective
+  // over the world when on_signal lists any (call it at every step boundary
+  // on every rank); false, without communicating, when it lists none.
+  bool stopRequested();
+  // After the loop saved checkpoint `step` because stopRequested(): throws
+  // StoppedBySignal (exit code 75) saying which signal, the step saved and
+  // the command that resumes.
+  [[noreturn]] void stopAfterSave(int64_t step);
   // The start-up and checkpoint figures so far, and every rank's peak
   // resident set, into `summary`, and the peaks to metrics.jsonl ({"step",
   // "peak_rss_mb_ranks": [per rank]}). Collective over the world; train()
@@ -151,6 +184,11 @@ class PTRAIN_API TrainingSession {
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
   TrainSummary figures_;  // startup_s and the checkpoint_* fields
+  int64_t nonfiniteInARow_ = 0;
+  int64_t nonfiniteSkipped_ = 0;
+  std::vector<int> stopSignals_;  // checkpoint.on_signal, whose handlers this session installed
+  bool stopAgreed_ = false;
+  int stopSignalSeen_ = 0;
   // Each rank's seconds and bytes of one save or load, to metrics.jsonl.
   void recordIo(int64_t step, const char* what, double seconds, double bytes);
 };

@@ -61,6 +61,10 @@ struct StepResult {
   double lr = 0;          // learning rate of the update (or of the skipped one)
   double loss_scale = 1;  // the loss scale the step ran with
   bool applied = false;   // the optimizer updated the parameters
+  // The loss or the gradient norm was NaN or inf and no hook owned the skip
+  // (fp16's loss scaler owns its overflow steps): the parameters were left
+  // as they were, and the engine applies train.on_nonfinite.
+  bool nonfinite = false;
   std::map<std::string, double> stats;  // every hook's stepStats()
 };
 

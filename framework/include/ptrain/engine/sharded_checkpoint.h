@@ -160,9 +160,11 @@ PTRAIN_API uint64_t writeShardedCheckpoint(const std::string& dir, int64_t step,
                                            const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world);
 
 // Collective over `world`: every rank learns whether any rank failed. With
-// `error` empty on every rank, returns; otherwise throws CheckpointError on
-// every rank: `error` where it happened, "<what>: stopped, because rank R
-// failed (its own line says why)" elsewhere. Collective tensors live on `device`.
+// `error` empty on every rank, returns; otherwise the ranks that failed throw
+// CheckpointError(`error`), and the others PeerFailedError "<what>: stopped,
+// because rank R failed (its own line says why)" (exit code 5: a
+// consequence, which the launcher does not blame). Collective tensors live on
+// `device`.
 PTRAIN_API void agreeOnFailure(ProcessGroup& world, at::Device device, const std::string& error,
                                const std::string& what);
 

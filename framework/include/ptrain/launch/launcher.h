@@ -36,6 +36,12 @@ struct LaunchOptions {
                                        // (or a name looked up in PATH)
   std::vector<std::string> extra_env;  // "KEY=VALUE" added to every worker
   double grace_seconds = 5;            // SIGTERM -> SIGKILL delay when stopping workers
+  // Signals the workers save a checkpoint on (checkpoint.on_signal): when the
+  // launcher receives one, it forwards that signal (instead of SIGTERM) and
+  // waits save_grace_seconds before SIGKILL. Workers that all exit with
+  // kExitStoppedAndSaved (75) make the launcher return 75 too.
+  std::vector<int> save_signals;
+  double save_grace_seconds = 25;
   // Where the run is recorded for `ptrain doctor` (empty: nowhere): every
   // line the launcher prints, its workers' and its own, appended to
   // log_path; and how each worker ended, written to exit_record_path as
@@ -54,8 +60,10 @@ struct LaunchOptions {
 // after printing one line to stderr such as "ptrain: rank 2 exited with code
 // 3; stopping the other workers" or "ptrain: rank 1 was killed by signal
 // SIGSEGV (11); ...". Returns 128 + signal (130 for SIGINT, 143 for SIGTERM,
-// 129 for SIGHUP) when the launcher itself is asked to stop; a second such
-// signal skips the grace period.
+// 129 for SIGHUP, 138 for SIGUSR1) when the launcher itself is asked to
+// stop, unless every worker saved and exited with 75 (save_signals); a second
+// such signal skips the grace period. A worker that exits with 75 on its own
+// is not a failure.
 //
 // Each worker gets, on top of the launcher's environment: RANK = node_rank *
 // nproc_per_node + local rank, WORLD_SIZE = nnodes * nproc_per_node,

@@ -98,6 +98,10 @@ class PTRAIN_API Recipe {
   std::vector<double> getFloatList(const std::string& key) const;
   std::vector<std::string> getStringList(const std::string& key) const;
 
+  // A key's value as one line of YAML (flow style: "[1, 2]"), as written;
+  // "" when the key has no value.
+  std::string valueText(const std::string& key) const;
+
   // Every key path under `prefix` (e.g. "model") that has a value, sorted.
   std::vector<std::string> keysUnder(const std::string& prefix) const;
 
