@@ -118,7 +118,7 @@ TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
   EXPECT_NE(run.exit_code, 0) << run.output;
   expectDiagnosis(doctor(dir), "communication timeout",
                   {"timed out after", "communication.timeout_s=<more seconds>", "exit.json: rank 0 exited with code 1",
-                   "the peer that never answered: rank 1"});
+                   "the peer that never answered: rank 1", "; the peer that did not arrive: rank 1 (last finished step "});
 }
 
 TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
@@ -167,6 +167,25 @@ TEST(Doctor, ADivergingFp16RunIsAnOverflowStorm) {
   EXPECT_TRUE(storm || diverged) << r.output;
   EXPECT_NE(r.output.find("precision.name=bf16"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("optimizer.lr=2.5"), std::string::npos) << r.output;
+}
+
+// fp16's loss scale starts at 2^32 and backs off for its first dozen or so
+// steps, skipping them: that search is normal, not a storm.
+TEST(Doctor, AHealthyFp16RunIsNotAStorm) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  auto run = runPtrain({"run", ptrain::test::sourceDir() + "/configs/llm/gpt_fp16.yaml", "--run-dir", dir,
+                        "train.steps=200", "train.eval_every=0"},
+                       {}, 300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  int skipped = 0;
+  for (const auto& [step, line] : ptrain::test::readTrainingSteps(dir)) {
+    skipped += line.find("\"skipped\":true") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(skipped, 3) << "the loss scale's search skips steps at the start";
+  auto r = doctor(dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no failure found: 200 training steps"), std::string::npos) << r.output;
 }
 
 TEST(Doctor, APluginBuiltForAnotherAbiIsAPluginFailure) {

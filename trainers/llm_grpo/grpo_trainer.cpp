@@ -398,6 +398,7 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
     session.writeMetrics(line);
     // The actor's updates leave themselves out when not finite (the runtime).
     session.checkStepFinite(step, loss, m.at("actor/grad_norm"), m.at("actor/nonfinite_updates") > 0);
+    session.recordStepReached(step);
     if (rankZero && (step % logEvery == 0 || step == steps)) {
       logger()->info("step {}/{}: score {:.3f} pg_loss {:.4f} kl_loss {:.4f} response_length {:.1f} ({:.2f} s: gen "
                      "{:.2f}, update {:.2f})",

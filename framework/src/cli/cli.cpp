@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "ptrain/comm/rank_env.h"
 #include "ptrain/core/error.h"
 
 namespace ptrain::cli {
@@ -70,6 +71,17 @@ std::string parseErrorLine(const CLI::App& app, int argc, char** argv, const std
     }
   }
   return what + " (see ptrain --help)";
+}
+
+// A worker that failed has said why; it leaves at once with its code. Its
+// communication threads and peers' sockets may be in any state, and tearing
+// them down can block until the launcher's SIGKILL, which would then hide
+// that this rank failed by itself (the launcher blames the first rank that
+// exits with its own error).
+int failed(int code) {
+  if (!isWorkerProcess()) return code;
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 }  // namespace
@@ -205,11 +217,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ptrain: %s\n", text.substr(start, end - start).c_str());
       start = end + 1;
     }
-    return e.exitCode();
+    return failed(e.exitCode());
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "ptrain: out of memory: an allocation was refused; `ptrain plan RECIPE` predicts what each "
                          "rank needs, and `ptrain doctor RUN_DIR` what to change\n");
-    return OutOfMemoryError("").exitCode();
+    return failed(OutOfMemoryError("").exitCode());
   } catch (const std::exception& e) {
     // libtorch's errors carry a C++ stack trace after their first line.
     const std::string text = e.what();
@@ -220,12 +232,12 @@ int main(int argc, char** argv) {
     if (memory) {
       std::fprintf(stderr, "ptrain: out of memory: %s; `ptrain plan RECIPE` predicts what each rank needs\n",
                    first.c_str());
-      return OutOfMemoryError("").exitCode();
+      return failed(OutOfMemoryError("").exitCode());
     }
     const bool traced = first.size() < text.size() && std::getenv("PTRAIN_BACKTRACE") == nullptr;
     std::fprintf(stderr, "ptrain: internal error: %s%s\n", traced ? first.c_str() : text.c_str(),
                  traced ? " (PTRAIN_BACKTRACE=1 prints where it was raised)" : "");
-    return 1;
+    return failed(1);
   }
   return 0;
 }

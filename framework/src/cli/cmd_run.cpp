@@ -147,7 +147,12 @@ int cmdRun(const RunArgs& argsIn) {
     args.overrides.insert(args.overrides.begin(), args.recipe);
     args.recipe.clear();
   }
-  if (isWorkerProcess()) return runWorker(args);
+  if (isWorkerProcess()) {
+    // A worker of another launcher (torchrun, srun) resumes with the run's
+    // own recipe too.
+    if (args.recipe.empty() && args.resume && !args.run_dir.empty()) args.recipe = savedRecipe(args.run_dir);
+    return runWorker(args);
+  }
   // The workers measure their start-up from here (metrics' startup_s).
   char launched[32];
   std::snprintf(launched, sizeof launched, "%.3f",

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -17,6 +18,7 @@
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/comm/communicator.h"
 #include "ptrain/comm/nccl_settings.h"
+#include "ptrain/comm/store.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/core/text.h"
@@ -186,6 +188,55 @@ int64_t TrainingSession::checkStepFinite(int64_t step, double loss, double gradN
   throw NonFiniteError(what + ": not finite, the run diverged" + why + "; nothing of this state was saved, " + kept +
                        ": lower optimizer.lr (now " + text::formatNumber(lr) + ") or add optimizer.warmup_steps" +
                        resume);
+}
+
+namespace {
+std::string stepKey(int rank) { return "ptrain/step_reached/" + std::to_string(rank); }
+}  // namespace
+
+void TrainingSession::recordStepReached(int64_t step) {
+  Store* store = comm_->store();
+  if (store == nullptr || comm_->worldSize() == 1) return;
+  const std::string text = std::to_string(step);
+  store->set(stepKey(env_.rank), std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+std::string TrainingSession::missingPeers() {
+  Store* store = comm_->store();
+  if (store == nullptr || comm_->worldSize() == 1) return "";
+  try {
+    const int world = comm_->worldSize();
+    // The ranks that timed out too say so; the one that is stuck or gone
+    // cannot. A few seconds let the others' own timeouts come in.
+    auto timedOutKey = [](int r) { return "ptrain/timed_out/" + std::to_string(r); };
+    store->set(timedOutKey(env_.rank), {1});
+    std::vector<int> silent;
+    const auto deadline = Clock::now() + std::chrono::seconds(3);
+    do {
+      silent.clear();
+      for (int r = 0; r < world; ++r)
+        if (!store->check({timedOutKey(r)})) silent.push_back(r);
+      if (silent.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } while (Clock::now() < deadline);
+    std::vector<int64_t> reached(static_cast<size_t>(world), -1);
+    for (int r = 0; r < world; ++r) {
+      if (!store->check({stepKey(r)})) continue;  // never blocks
+      const auto bytes = store->get(stepKey(r));
+      reached[static_cast<size_t>(r)] = std::stoll(std::string(bytes.begin(), bytes.end()));
+    }
+    auto describe = [&](int r) {
+      const int64_t step = reached[static_cast<size_t>(r)];
+      return detail::concat("rank ", r,
+                            step < 0 ? " (no step finished)" : " (last finished step " + std::to_string(step) + ")");
+    };
+    std::string missing;
+    for (int r : silent) missing += (missing.empty() ? "" : ", ") + describe(r);
+    if (!missing.empty()) return "; the peer that did not arrive: " + missing;
+    return "; every rank timed out (a collective no rank could finish; communication.timeout_s too short?)";
+  } catch (const std::exception&) {
+    return "";  // the store went with its host (rank 0)
+  }
 }
 
 bool TrainingSession::stopRequested() {
@@ -391,6 +442,7 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
     for (const auto& [k, v] : result.stats) line[k] = v;
     session.writeMetrics(line);
     session.checkStepFinite(step, result.loss, result.grad_norm, result.nonfinite);
+    session.recordStepReached(step);
     progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps,
                     scaleNote(result));
 
@@ -425,7 +477,13 @@ TrainSummary train(PreparedRecipe& prepared, const RankEnv& env, const EngineOpt
   TrainingSession session(prepared, env, options);
   for (const auto& w : prepared.warnings)
     if (session.isRankZero()) logger()->warn("{}", w);
-  TrainSummary summary = prepared.trainer->train(session);
+  TrainSummary summary;
+  try {
+    summary = prepared.trainer->train(session);
+  } catch (const TimeoutError& e) {
+    // Which rank was missing: the store knows where each one got to.
+    throw TimeoutError(e.what() + session.missingPeers());
+  }
   session.addFigures(summary);
   summary.wall_s = seconds(wallStart);
   session.comm().world().barrier()->wait();

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <set>
 
@@ -246,8 +247,16 @@ struct CheckpointReader::Impl {
     bool headerRead = false;
     uint64_t dataStart = 0;
     std::map<std::string, SafetensorsEntry> tensors;
-    std::vector<char> cache;  // one checksum block
-    int64_t cachedBlock = -1;
+    // The last few checksum blocks read in part (verified), so that tensors
+    // read in another order than written (a parameter, then its optimizer
+    // slots) do not read and check the same block again; at most
+    // kCachedBlocks of them, the oldest dropped first.
+    std::deque<std::pair<int64_t, std::vector<char>>> cached;
+    const std::vector<char>* cachedBlock(int64_t block) const {
+      for (const auto& [b, bytes] : cached)
+        if (b == block) return &bytes;
+      return nullptr;
+    }
   };
 
   std::string dir;
@@ -328,19 +337,22 @@ struct CheckpointReader::Impl {
       const uint64_t begin = static_cast<uint64_t>(block) * blockBytes;
       const uint64_t end = std::min(begin + blockBytes, f.size);
       const uint64_t take = std::min(n, end - offset);
-      if (offset == begin && take == end - begin && block != f.cachedBlock) {
+      const std::vector<char>* hit = f.cachedBlock(block);
+      if (offset == begin && take == end - begin && hit == nullptr) {
         // A whole block: straight into place, checked there.
         preadAll(f, dst, take, offset);
         verify(f, block, dst, take);
       } else {
-        if (block != f.cachedBlock) {
-          f.cache.resize(end - begin);
-          f.cachedBlock = -1;
-          preadAll(f, f.cache.data(), end - begin, begin);
-          verify(f, block, f.cache.data(), end - begin);
-          f.cachedBlock = block;
+        if (hit == nullptr) {
+          constexpr size_t kCachedBlocks = 4;
+          std::vector<char> bytes(end - begin);
+          preadAll(f, bytes.data(), end - begin, begin);
+          verify(f, block, bytes.data(), end - begin);
+          if (f.cached.size() == kCachedBlocks) f.cached.pop_front();
+          f.cached.emplace_back(block, std::move(bytes));
+          hit = &f.cached.back().second;
         }
-        std::memcpy(dst, f.cache.data() + (offset - begin), take);
+        std::memcpy(dst, hit->data() + (offset - begin), take);
       }
       offset += take;
       dst += take;

@@ -77,6 +77,11 @@ class PTRAIN_API Communicator {
   // Throws ConfigError when the layout is for another world size.
   std::shared_ptr<const LayoutGroups> groupsFor(const ParallelLayout& layout);
 
+  // The rendezvous store every rank shares (rank 0 hosts it), for small
+  // facts beside the collectives (the engine records each rank's step there,
+  // for a timeout's message); null for a loopback.
+  Store* store() { return store_.get(); }
+
  private:
   Communicator() = default;
   std::shared_ptr<ProcessGroup> groupOf(const std::string& name, const std::vector<int>& ranks);

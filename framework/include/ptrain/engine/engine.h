@@ -160,6 +160,16 @@ class PTRAIN_API TrainingSession {
   // train.nonfinite_skip_limit of them in a row end the run the same way.
   // Returns the steps skipped so far.
   int64_t checkStepFinite(int64_t step, double loss, double gradNorm, bool nonfinite);
+  // After every training step (each loop calls it): this rank's step in the
+  // rendezvous store, so that a collective that times out can name the ranks
+  // that were behind (train() adds them to the TimeoutError's line). Nothing
+  // on one rank.
+  void recordStepReached(int64_t step);
+  // After a TimeoutError: marks this rank as timed out in the store, waits a
+  // few seconds for the others to do the same, and returns "; the peer that
+  // did not arrive: rank 1 (last finished step 12)" for those that did not
+  // (stuck or gone), or "" when it cannot say (one rank, no store).
+  std::string missingPeers();
   // Whether the run was asked to stop: true on every rank when any rank got
   // one of checkpoint.on_signal's signals since the run began. Collective
   // over the world when on_signal lists any (call it at every step boundary
