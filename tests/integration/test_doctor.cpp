@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -123,18 +125,27 @@ TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
 
 TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
   TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
   // A 12.6M-parameter GPT (its weights, gradients and Adam states about 200 MB
-  // a rank) under a cap its first step goes over.
+  // a rank), first uncapped to learn its peak on this libtorch, then under a
+  // cap 10% below it.
   const std::vector<std::string> model = {"model.hidden_size=512", "model.num_layers=4",
-                                          "model.num_attention_heads=8"};
-  std::vector<std::string> extra = {"train.steps=3", "train.max_memory_mb=430"};
+                                          "model.num_attention_heads=8", "checkpoint.save_final=false"};
+  std::vector<std::string> free = {"train.steps=1"};
+  free.insert(free.end(), model.begin(), model.end());
+  auto uncapped = runPtrain(runArgs(tmp.path() + "/free", free), {}, 300);
+  ASSERT_EQ(uncapped.exit_code, 0) << uncapped.output;
+  const auto first = nlohmann::json::parse(ptrain::test::readTrainingSteps(tmp.path() + "/free").at(1));
+  const int cap = static_cast<int>(0.9 * first["peak_rss_mb"].get<double>());
+  const std::string capText = "train.max_memory_mb=" + std::to_string(cap);
+
+  const std::string dir = tmp.path() + "/run";
+  std::vector<std::string> extra = {"train.steps=3", capText};
   extra.insert(extra.end(), model.begin(), model.end());
   auto run = runPtrain(runArgs(dir, extra), {}, 300);
   EXPECT_EQ(run.exit_code, 3) << run.output;
   EXPECT_NE(run.output.find("out of memory: rank 0 of runtime 'model' reached"), std::string::npos) << run.output;
   auto r = doctor(dir);
-  expectDiagnosis(r, "out of memory", {"over train.max_memory_mb=430", "exit.json: rank", "exited with code 3"});
+  expectDiagnosis(r, "out of memory", {"over " + capText, "exit.json: rank", "exited with code 3"});
   // The first step offered is predicted to fit with 10% to spare, and is a
   // command that runs on this folder (no checkpoint: the recipe again, in a
   // new folder); run, it does not run out of memory.
@@ -148,25 +159,6 @@ TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
   for (std::string w; words >> w;) args.push_back(w);
   auto again = runPtrain(args, {}, 300);
   EXPECT_EQ(again.exit_code, 0) << command << "\n" << again.output;
-}
-
-TEST(Doctor, ADivergingFp16RunIsAnOverflowStorm) {
-  TempDir tmp;
-  const std::string dir = tmp.path() + "/run";
-  // A learning rate a thousand times too high: the loss scale halves on every
-  // overflow and the steps keep being skipped.
-  auto run = runPtrain(runArgs(dir, {"train.steps=30", "precision.name=fp16", "optimizer.lr=5",
-                                     "optimizer.warmup_steps=0"}),
-                       {}, 300);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  auto r = doctor(dir);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  const bool storm = r.output.find(": fp16 overflow storm\n") != std::string::npos;
-  const bool diverged = r.output.find(": loss divergence\n") != std::string::npos ||
-                        r.output.find(": loss NaN\n") != std::string::npos;
-  EXPECT_TRUE(storm || diverged) << r.output;
-  EXPECT_NE(r.output.find("precision.name=bf16"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("optimizer.lr=2.5"), std::string::npos) << r.output;
 }
 
 // fp16's loss scale starts at 2^32 and backs off for its first dozen or so

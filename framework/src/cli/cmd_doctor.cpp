@@ -248,9 +248,10 @@ double measuredPeakBytes(const RunRecord& r) {
 }
 
 // Out of memory: the planner's flowchart on the recorded recipe. The model's
-// prediction is put on the measured scale (the worker's reported peak over
-// the predicted one), so each step's figure compares with the cap; only steps
-// predicted to fit are offered, the first of them as a command. The fixed
+// prediction is put on the measured footing (the worker's reported peak less
+// the predicted one is added to each step), so each step's figure compares
+// with the cap; only steps predicted to fit with 10% to spare are offered, the
+// first of them as a command. The fixed
 // order, said to be unpredicted, when the recipe cannot be sized.
 std::vector<std::string> memoryAdvice(const RunRecord& r) {
   std::vector<std::string> out;
@@ -276,10 +277,14 @@ std::vector<std::string> memoryAdvice(const RunRecord& r) {
           const plan::Layout layout = planLayoutOf(recipe, sized);
           int64_t count = 0;
           plan::DeviceSpec device = resolvePlanDevice("", "host", &count, world);
-          const double scale = measured / plan::peakMemory(*shape, layout, device).total();
+          // What the plan does not see (the libraries this libtorch loads,
+          // the allocator's arenas) is a fixed amount, not a share: the
+          // measured peak over the predicted one is added to every step.
+          const double offset = measured - plan::peakMemory(*shape, layout, device).total();
           // The plan is calibrated to within 10% (docs/planning.md): a step
           // is offered when it fits with that much to spare.
-          device.memory_gib = 0.9 * recipe.getFloat("train.max_memory_mb") / 1024.0 / scale;
+          const double cap = recipe.getFloat("train.max_memory_mb") * 1024.0 * 1024.0;
+          device.memory_gib = std::max(0.0, 0.9 * cap - offset) / (1024.0 * 1024.0 * 1024.0);
           // The flowchart's steps add up (each keeps the ones before it): the
           // command carries every override up to the first step that fits.
           const auto advice = plan::adviseWhenOverMemory(*shape, layout, device);
@@ -292,7 +297,7 @@ std::vector<std::string> memoryAdvice(const RunRecord& r) {
             if (!a.fits) continue;
             std::string overrides;
             for (const auto& l : levers) overrides += (overrides.empty() ? "" : " ") + l.second;
-            out.push_back(resumeCommand(r, overrides) + "   (predicted peak " + memoryText(a.total_bytes * scale) +
+            out.push_back(resumeCommand(r, overrides) + "   (predicted peak " + memoryText(a.total_bytes + offset) +
                           ", under train.max_memory_mb=" +
                           text::formatNumber(recipe.getFloat("train.max_memory_mb")) + " with 10% to spare)");
             break;
@@ -303,7 +308,7 @@ std::vector<std::string> memoryAdvice(const RunRecord& r) {
                           " (offload, smaller micro-batches, recomputation, the distributed optimizer): the model "
                           "needs more devices (parallel.tensor_model_parallel_size or pipeline_model_parallel_size, "
                           "with --nproc to match), or a larger cap (reserved before any tensor: " +
-                          memoryText(device.reserved_gib * 1024 * 1024 * 1024 * scale) + ")");
+                          memoryText(device.reserved_gib * 1024 * 1024 * 1024 + offset) + ")");
           }
           return out;
         }
