@@ -454,6 +454,54 @@ TEST(Chaos, AFailedWriteBlamesTheRankThatFailed) {
   EXPECT_TRUE(contains(d.output, "rank 0")) << d.output;
 }
 
+// A disk that really fills up: a 2 MiB tmpfs (in a user and mount namespace
+// of its own, where the machine allows one), kept full by a writer that takes
+// every page freed. Rank 0's "No space left on device" is the cause named,
+// and exit.json is still written, into the space the launcher took at start.
+TEST(Chaos, AFullDiskIsBlamedOnItsRankAndExitJsonIsStillWritten) {
+  TempDir dir;
+  const std::string mountPoint = dir.path() + "/disk";
+  const std::string out = dir.path() + "/out";
+  fs::create_directories(mountPoint);
+  fs::create_directories(out);
+  ptrain::test::ProcessResult probe =
+      ptrain::test::runProcess({"/usr/bin/unshare", "--user", "--map-root-user", "--mount", "/bin/sh", "-c",
+                                "mount -t tmpfs -o size=64k tmpfs " + mountPoint},
+                               {}, 30);
+  if (probe.exit_code != 0) {
+    GTEST_SKIP() << "no tmpfs can be mounted here (unprivileged user namespaces are off: " << probe.output
+                 << "); AFailedWriteBlamesTheRankThatFailed simulates the failing write instead";
+  }
+  const std::string run = mountPoint + "/run";
+  const std::string script =
+      "set -u\n"
+      "mount -t tmpfs -o size=2m tmpfs " + mountPoint + "\n" +
+      ptrain::test::ptrainBinary() + " run " + kQuickstart +
+      " --nproc 2 train.steps=200 checkpoint.every=100 train.eval_every=0 --run-dir " + run + " > " + out +
+      "/log 2>&1 &\n"
+      "P=$!\n"
+      "while [ ! -s " + run + "/metrics.jsonl ]; do sleep 0.05; done\n"
+      "( i=0; while kill -0 $P 2>/dev/null; do dd if=/dev/zero of=" + mountPoint +
+      "/fill$i bs=4k 2>/dev/null; i=$((i+1)); done ) &\n"
+      "wait $P; echo $? > " + out + "/rc\n"
+      "cp " + run + "/exit.json " + out + "/ 2>/dev/null\n"
+      "ls -A " + run + "/checkpoints > " + out + "/checkpoints\n"
+      "df -k " + mountPoint + " | tail -1 > " + out + "/df\n";
+  ptrain::test::ProcessResult r = ptrain::test::runProcess(
+      {"/usr/bin/unshare", "--user", "--map-root-user", "--mount", "/bin/sh", "-c", script}, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string log = readFile(out + "/log");
+  EXPECT_TRUE(contains(log, "No space left on device")) << log;
+  EXPECT_TRUE(contains(readFile(out + "/df"), " 100% ")) << readFile(out + "/df");
+  ASSERT_TRUE(fs::exists(out + "/exit.json")) << log;
+  const auto record = nlohmann::json::parse(readFile(out + "/exit.json"));
+  EXPECT_EQ(record["first_failure_rank"], 0) << log;
+  EXPECT_EQ(std::to_string(record["result"].get<int>()) + "\n", readFile(out + "/rc")) << log;
+  EXPECT_NE(record["result"], 5);
+  // The save that failed left nothing behind.
+  EXPECT_EQ(readFile(out + "/checkpoints"), "");
+}
+
 // A damaged or foreign file on the plugin path is named in one line (exit
 // 2), never a crash of every command.
 TEST(Chaos, ADamagedPluginIsNamedNotACrash) {
