@@ -267,6 +267,29 @@ TEST(Chaos, SigtermDuringSavesLeavesEveryCheckpointWhole) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
 }
 
+// Workers another launcher started (torchrun's variables): rank 0 takes the
+// folder's lock itself, and a worker saves on SIGTERM by itself.
+TEST(Chaos, WorkersOfAnotherLauncherLockAndSaveThemselves) {
+  TempDir dir;
+  const std::string run = dir.path() + "/run";
+  const int port = ptrain::test::freePort();
+  const std::vector<std::string> torchrun = {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+                                             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+  // Background inherits this process's environment: set it for the child.
+  for (const auto& e : torchrun) putenv(strdup(e.c_str()));
+  Background worker({"run", kQuickstart, "train.steps=100000", "--run-dir", run}, dir.path() + "/worker.log");
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    unsetenv(name);
+  }
+  ASSERT_TRUE(waitFor([&] { return trainingLines(run) >= 3; }, 120)) << readFile(dir.path() + "/worker.log");
+  ptrain::test::ProcessResult second = runPtrain({"run", kQuickstart, "--nproc", "1", "--run-dir", run}, {}, 60);
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_TRUE(contains(second.output, "pid " + std::to_string(worker.pid()) + ", since ")) << second.output;
+  worker.signal(SIGTERM);
+  EXPECT_EQ(worker.wait(60), 75) << readFile(dir.path() + "/worker.log");
+  EXPECT_EQ(checkpointSteps(run).size(), 1u);
+}
+
 // SIGUSR1 (Slurm's --signal=USR1@T before a time limit) does the same.
 TEST(Chaos, Sigusr1SavesToo) {
   TempDir dir;
