@@ -175,7 +175,7 @@ TEST(GrpoTrainer, CheckRefusesVerlsKnownFailuresOneLineEach) {
   // the run would refuse it.
   auto missing = check({"actor_rollout_ref.model.path=" + tmp.path() + "/no_such_run"});
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
-  EXPECT_NE(missing.output.find("actor_rollout_ref.model.path: run folder '" + tmp.path() + "/no_such_run' not found"),
+  EXPECT_NE(missing.output.find("actor_rollout_ref.model.path: " + tmp.path() + "/no_such_run: not found"),
             std::string::npos)
       << missing.output;
   auto empty = check({"actor_rollout_ref.model.path=" + tmp.path()});

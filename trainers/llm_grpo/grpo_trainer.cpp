@@ -238,25 +238,19 @@ void GrpoTrainer::setup(const Recipe& recipe) {
   // Not set (or set empty): fresh weights.
   init_from_ = recipe.has("actor_rollout_ref.model.path") ? recipe.getString("actor_rollout_ref.model.path") : "";
   // Checked here, so that `ptrain check` refuses what the run would: a
-  // folder that is not there, or holds no checkpoint (in it, or in one of
-  // its runs when it is runs/NAME).
+  // folder that is not there, or holds no checkpoint.
   if (!init_from_.empty()) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (!fs::is_directory(init_from_, ec)) {
-      recipe.fail("actor_rollout_ref.model.path",
-                  "run folder '" + init_from_ + "' not found: give the folder of a finished run (its --run-dir), or "
-                  "runs/NAME for the newest run of recipe NAME");
+    try {
+      int64_t step = 0;
+      resolveWeightsSource(init_from_, &step);
+    } catch (const CheckpointError& e) {
+      recipe.fail("actor_rollout_ref.model.path", e.what());
     }
-    bool found = latestCheckpoint(init_from_).has_value();
-    for (fs::directory_iterator it(init_from_, ec), end; !found && !ec && it != end; it.increment(ec)) {
-      found = it->is_directory() && latestCheckpoint(it->path().string()).has_value();
-    }
-    if (!found) {
-      recipe.fail("actor_rollout_ref.model.path",
-                  "'" + init_from_ + "' holds no checkpoint to start from (no checkpoints/step_N in it or in a run "
-                  "folder inside it); set checkpoint.save_final: true in that run");
-    }
+  }
+  // The actor's starting weights have their own key here.
+  if (recipe.has("checkpoint.load")) {
+    recipe.fail("checkpoint.load", "the GRPO trainer's actor and reference start from actor_rollout_ref.model.path; "
+                                   "set that instead");
   }
 }
 

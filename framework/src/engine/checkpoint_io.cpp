@@ -362,4 +362,37 @@ std::vector<std::string> setAsideCheckpointsAfter(const std::string& runDir, int
   return moved;
 }
 
+std::string resolveWeightsSource(const std::string& path, int64_t* step) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw CheckpointError(path + ": not found: give a run folder (its --run-dir), runs/NAME for the newest run of "
+                                 "recipe NAME, or a step folder RUN/checkpoints/step_N");
+  }
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  int64_t named = 0;
+  if (parseStepName(fs::path(trimmed).filename().string(), &named)) {
+    *step = named;
+    return trimmed;
+  }
+  // runs/NAME (what `ptrain run` fills with one timestamped folder per run
+  // when no --run-dir is given): its newest run that holds a checkpoint.
+  std::string runDir = path;
+  if (!fs::exists(fs::path(path) / "checkpoints", ec)) {
+    std::vector<std::string> runs;
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_directory() && latestCheckpoint(it->path().string())) runs.push_back(it->path().string());
+    }
+    std::sort(runs.begin(), runs.end());
+    if (!runs.empty()) runDir = runs.back();
+  }
+  const auto latest = latestCheckpoint(runDir);
+  if (!latest) {
+    throw CheckpointError(path + ": holds no checkpoint to start from (no checkpoints/step_N in it or in a run "
+                                 "folder inside it); set checkpoint.save_final: true in that run");
+  }
+  *step = *latest;
+  return checkpointDir(runDir, *latest);
+}
+
 }  // namespace ptrain

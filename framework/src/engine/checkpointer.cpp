@@ -217,22 +217,7 @@ int64_t loadWeightsFromRun(const std::string& path, const std::vector<std::strin
   int64_t latest = 0;
   std::unique_ptr<CheckpointReader> reader;
   try {
-    if (!fs::is_directory(path)) {
-      throw CheckpointError(path + ": run folder not found: give the folder of a finished run (its --run-dir), or "
-                                   "runs/NAME for the newest run of recipe NAME");
-    }
-    // runs/NAME (what `ptrain run` fills with one timestamped folder per run
-    // when no --run-dir is given): its newest run that holds a checkpoint.
-    std::string runDir = path;
-    if (!fs::exists(fs::path(path) / "checkpoints")) {
-      std::vector<std::string> runs;
-      for (const auto& entry : fs::directory_iterator(path)) {
-        if (entry.is_directory() && latestCheckpoint(entry.path().string())) runs.push_back(entry.path().string());
-      }
-      std::sort(runs.begin(), runs.end());
-      if (!runs.empty()) runDir = runs.back();
-    }
-    dir = latestDir(runDir, "give the folder of a finished run", "start from", &latest);
+    dir = resolveWeightsSource(path, &latest);
     readMeta(dir, latest);
     reader = std::make_unique<CheckpointReader>(dir);
     for (const auto& s : sources) {

@@ -386,6 +386,11 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
   if (session.resuming()) {
     step = session.restoreLatest({runtime.get()});
     if (isRankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
+  } else if (recipe.has("checkpoint.load")) {
+    // Another run's weights (a GRPO run's actor too); optimizer and data fresh.
+    const std::string from = recipe.getString("checkpoint.load");
+    const int64_t loaded = session.loadWeightsFrom(from, {"model", "actor"}, {runtime.get()});
+    if (isRankZero) logger()->info("weights from {} (step {}); optimizer and data start fresh", from, loaded);
   }
   Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, trainer.throughputUnit());
   session.beginTraining(step);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ptrain/comm/nccl_settings.h"
+#include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel_plugins.h"
@@ -54,6 +55,18 @@ std::vector<std::string> checkCommBackend(const Recipe& recipe, PluginRegistry& 
   return {recipe.location("communication.backend").str() + ": communication.backend: no comm plugin named '" +
           backend + "' is installed; expected auto" + (installed.empty() ? "" : " or one of: " + installed) +
           " (`ptrain plugins` lists them)"};
+}
+
+// checkpoint.load names weights that are there.
+std::vector<std::string> checkWeightsSource(const Recipe& recipe) {
+  if (!recipe.has("checkpoint.load")) return {};
+  try {
+    int64_t step = 0;
+    resolveWeightsSource(recipe.getString("checkpoint.load"), &step);
+  } catch (const CheckpointError& e) {
+    return {recipe.location("checkpoint.load").str() + ": checkpoint.load: " + e.what()};
+  }
+  return {};
 }
 
 }  // namespace
@@ -115,6 +128,7 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
+  for (auto& p : checkWeightsSource(out.recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];

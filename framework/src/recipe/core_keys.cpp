@@ -143,6 +143,11 @@ void describeCoreKeys(Schema& s) {
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));
   s.add(key("checkpoint.save_final", T::kBool, "true", "Save a checkpoint after the last step."));
 
+  s.add(key("checkpoint.load", T::kString, "",
+            "Start from the weights of another run: a run folder (its newest step), runs/NAME (its newest run), "
+            "or a step folder RUN/checkpoints/step_N; any layout or precision, each rank reading only its slices; "
+            "the optimizer and the data position start fresh. A resumed run (--resume) continues from its own "
+            "checkpoint instead. Not set: fresh weights."));
   s.add(key("checkpoint.on_signal", T::kStringList, "[SIGTERM, SIGUSR1]",
             "Signals after which the run saves a checkpoint at the next step boundary and exits with code 75 "
             "(resume with `ptrain run --resume`): any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP; `[]` turns it "

@@ -95,6 +95,14 @@ PTRAIN_API void pruneCheckpoints(const std::string& runDir, int keep,
 // paths. Throws CheckpointError when a folder cannot be renamed.
 PTRAIN_API std::vector<std::string> setAsideCheckpointsAfter(const std::string& runDir, int64_t step);
 
+// Where a run takes its starting weights from (checkpoint.load, the GRPO
+// actor's actor_rollout_ref.model.path): a step folder (RUN/checkpoints/
+// step_N) as it is, a run folder's newest step, or for runs/NAME (one
+// timestamped folder per run) the newest run's newest step. Returns the step
+// folder and its step in *step. Throws CheckpointError (one line) when the
+// path is missing or holds no checkpoint. Reads folder names only.
+PTRAIN_API std::string resolveWeightsSource(const std::string& path, int64_t* step);
+
 // Writes `value` as indented JSON (with a final newline) to `path`, through a
 // temporary file in the same folder that is fsync'ed and renamed over `path`,
 // so readers see the old or the new file, never a partial one. Throws
