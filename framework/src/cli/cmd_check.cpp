@@ -171,7 +171,6 @@ int cmdCheck(const CheckArgs& args) {
   Schema schema;
   describeCoreKeys(schema);
   std::string whyNot;
-  std::unique_ptr<Plugin> trainerPlugin;
   int requestedWorld = args.nproc;
   if (requestedWorld <= 0) {
     try {
@@ -180,7 +179,7 @@ int cmdCheck(const CheckArgs& args) {
       requestedWorld = 1;  // malformed: validation below reports it
     }
   }
-  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, &trainerPlugin, requestedWorld);
+  const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, nullptr, requestedWorld);
 
   std::vector<std::string> problems = recipe.validateAll(schema);
   // `run` cannot start without its trainer: neither can check pass.
@@ -216,44 +215,24 @@ int cmdCheck(const CheckArgs& args) {
     for (auto& w : memorySettingWarnings(recipe, sized.dp, sized.edp)) warnings.push_back(std::move(w));
   }
   for (const auto& w : warnings) std::fprintf(stderr, "ptrain: warning: %s\n", w.c_str());
-  // Values that are fine alone but not together (e.g. a sequence too short
-  // for the dataset's problems) are the trainer's to judge, as in `run`.
-  if (trainerPlugin) {
-    try {
-      static_cast<Trainer&>(*trainerPlugin).setup(recipe);
-      checkModelBuildsSlices(recipe, layout, static_cast<Trainer&>(*trainerPlugin));
-    } catch (const ConfigError& e) {
-      return report({e.what()});
-    }
-  }
-  // Everything `ptrain run` refuses before it starts a worker: the same
-  // preparation, so that check and run cannot disagree.
-  try {
-    const PreparedRecipe prepared = prepareRecipe(args.recipe, overrides, world);
-    // Sized for another device (--device, --cluster): that check follows.
-    if (args.device.empty() && args.cluster.empty()) {
-      const std::string overMemory = hostMemoryRefusal(args.recipe, prepared);
-      if (!overMemory.empty()) throw OutOfMemoryError(overMemory);
-    }
-  } catch (const Error& e) {
-    std::vector<std::string> lines;
-    std::string text = e.what();
-    for (size_t start = 0; start <= text.size();) {
-      size_t end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      lines.push_back(text.substr(start, end - start));
-      start = end + 1;
-    }
-    for (const auto& line : lines) std::fprintf(stderr, "ptrain: %s\n", line.c_str());
-    return e.exitCode();
+  // Everything `ptrain run` refuses before it starts a worker, the trainer's
+  // judgement of values fine alone but not together included (a sequence too
+  // short for the dataset's problems): the same preparation, so that check
+  // and run cannot disagree. What it throws goes to cli::main, which prints
+  // each line as run's refusal does.
+  const PreparedRecipe prepared = prepareRecipe(args.recipe, overrides, world);
+  // Sized for another device (--device, --cluster): that check follows.
+  if (args.device.empty() && args.cluster.empty()) {
+    const std::string overMemory = hostMemoryRefusal(args.recipe, prepared);
+    if (!overMemory.empty()) throw OutOfMemoryError(overMemory);
   }
   if (!args.device.empty() || !args.cluster.empty()) {
     int64_t count = 0;
     const plan::DeviceSpec device = resolvePlanDevice(args.cluster, args.device, &count, world);
-    const auto shape = trainerPlugin ? static_cast<Trainer&>(*trainerPlugin).modelShape() : std::nullopt;
+    const auto shape = prepared.trainer->modelShape();
     if (!shape) {
       return report({recipe.location("trainer.name").str() + ": trainer.name: --device and --cluster need the "
-                     "trainer's model shape, and there is none to ask" + (whyNot.empty() ? "" : " (" + whyNot + ")")});
+                     "trainer's model shape, and this trainer has none to give"});
     }
     const plan::Layout planned = planLayoutOf(recipe, planLayout(layout));
     const double need = plan::peakMemory(*shape, planned, device).total();
@@ -289,11 +268,8 @@ int cmdCheck(const CheckArgs& args) {
     std::printf("data-parallel shares: rows per rank [%s] (the fewest micro-batches above)\n", rows.c_str());
   }
   const std::string trainer = recipe.getString("trainer.name");
-  if (trainerKeys) {
-    std::printf("trainer: %s\n", trainer.c_str());
-  } else {
-    std::printf("trainer: %s (its own keys were not checked: %s)\n", trainer.c_str(), whyNot.c_str());
-  }
+  // An unknown trainer was refused above: its keys were checked.
+  std::printf("trainer: %s\n", trainer.c_str());
   if (s.pp > 1) printPipeline(recipe, plan);
   // What `ptrain run` will export, with this shell's environment winning.
   for (const auto& setting : nccl::effectiveSettings(nccl::settingsFromRecipe(recipe), nccl::processEnvironment())) {
