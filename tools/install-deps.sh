@@ -19,6 +19,10 @@ for arg in "$@"; do
   esac
 done
 torch_spec="${PTRAIN_TORCH_SPEC:-torch==2.15.0}"
+# Pinned as tested: GPT-2's layout and megatron's sample indices are what the
+# tests compare with.
+transformers_spec="transformers==5.25.0"
+megatron_spec="megatron-core==0.16.1"
 
 packages=(
   build-essential cmake make pkg-config
@@ -31,7 +35,9 @@ packages=(
   libcli11-dev
   libgloo-dev             # headers for c10d ProcessGroupGloo (the library ships with libtorch)
   nlohmann-json3-dev
-  zlib1g-dev              # reads the gzip-compressed IDX files of Fashion-MNIST
+  zlib1g-dev              # gzip: Fashion-MNIST's IDX files, Criteo TSV logs
+  libpng-dev libjpeg-dev  # COCO images (datasets/coco)
+  libsentencepiece-dev    # ptrain data prepare's tokenizer
   dataset-fashion-mnist   # the items of the detection trainer's mosaic dataset (datasets/mosaic)
   python3-torch           # PyTorch eager on the same libtorch, for `make bench`
   python3-venv            # the environment --pypi installs PyTorch 2.x into
@@ -59,11 +65,17 @@ fi
 # serves), so that it does not depend on which python3 is first on PATH.
 venv=.venv-torch
 want="${torch_spec#torch==}"
-# pycocotools beside it: the reference tests/unit/test_coco_eval.cpp compares
-# the C++ COCO evaluator with (it looks for this environment's python).
+# Beside it, the other frameworks' own code that tests compare ptrain with
+# (they look for this environment's python): pycocotools (the COCO evaluator
+# and COCO files), transformers (GPT-2 export and import), megatron-core (its
+# indexed data sets and GPT samples).
 coco() {
-  "$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir pycocotools
+  local missing=()
+  "$venv/bin/python" -c 'import pycocotools' 2>/dev/null || missing+=(pycocotools)
+  "$venv/bin/python" -c 'import transformers' 2>/dev/null || missing+=("$transformers_spec")
+  "$venv/bin/python" -W ignore -c 'import megatron.core' 2>/dev/null || missing+=("$megatron_spec")
+  [ ${#missing[@]} -eq 0 ] ||
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "${missing[@]}"
 }
 if [ -x "$venv/bin/python" ] &&
    have=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null) &&

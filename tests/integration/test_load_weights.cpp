@@ -80,3 +80,50 @@ TEST(LoadWeights, ARunStartsFromAnotherRunsWeightsAtAnyLayout) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("set that instead"), std::string::npos) << r.output;
 }
+
+// Weights made elsewhere: `ptrain export --format hf` writes a GPT-2 folder,
+// and checkpoint.load of that folder (at tp 2: each rank reads its rows,
+// transposed and permuted from GPT-2's layout), or of a bare safetensors
+// state dict (what `ptrain checkpoint consolidate` writes), starts from the
+// very weights of the step folder itself.
+TEST(LoadWeights, HuggingFaceFoldersAndStateDictsStartFromTheSameWeights) {
+  TempDir tmp;
+  const std::string a = tmp.path() + "/a";
+  auto r = runPtrain({"run", quickstart(), "--nproc", "1", "train.steps=10", "train.eval_every=0", "--run-dir", a},
+                     {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string hf = tmp.path() + "/hf";
+  r = runPtrain({"export", a, "--format", "hf", hf}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(hf + ": hf weights of " + a + "/checkpoints/step_10 (step 10)"), std::string::npos)
+      << r.output;
+  r = runPtrain({"checkpoint", "consolidate", a + "/checkpoints/step_10", tmp.path() + "/whole"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const std::vector<std::string> still = {"train.steps=1", "optimizer.lr=1e-12", "train.eval_every=0",
+                                          "checkpoint.save_final=false"};
+  auto firstStep = [&](const std::string& name, const std::string& from, int tp) {
+    std::vector<std::string> args = {"run", quickstart(), "--nproc", std::to_string(tp),
+                                     "parallel.tensor_model_parallel_size=" + std::to_string(tp),
+                                     "checkpoint.load=" + from, "--run-dir", tmp.path() + "/" + name};
+    args.insert(args.end(), still.begin(), still.end());
+    auto run = runPtrain(args, {}, 300);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return run.exit_code == 0 ? firstLoss(tmp.path() + "/" + name) : NAN;
+  };
+  const double fromStep = firstStep("step", a, 1);
+  EXPECT_EQ(firstStep("hf", hf, 2), fromStep);
+  EXPECT_EQ(firstStep("file", tmp.path() + "/whole/model.safetensors", 1), fromStep);
+
+  // A GPT-2 of another shape is refused by check, naming the key to set.
+  r = runPtrain({"check", quickstart(), "model.hidden_size=128", "checkpoint.load=" + hf}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint.load: " + hf + "/config.json: n_embd is 64, this model's model.hidden_size is "
+                          "128; set model.hidden_size: 64"),
+            std::string::npos)
+      << r.output;
+  // A trainer without an export refuses the format in one line.
+  r = runPtrain({"export", a, "--format", "onnx", tmp.path() + "/onnx"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--format onnx: this trainer exports only hf"), std::string::npos) << r.output;
+}

@@ -27,6 +27,26 @@ namespace fs = std::filesystem;
 namespace ptrain::test {
 
 std::string sourceDir() { return PTRAIN_SOURCE_DIR; }
+
+std::string testPython() {
+  const char* configured = std::getenv("PTRAIN_PYTHON");
+  if (configured != nullptr && *configured != '\0') return configured;
+  if (fs::exists(PTRAIN_TEST_PYTHON)) return PTRAIN_TEST_PYTHON;
+  return "python3";
+}
+
+std::string pythonLacks(const std::vector<std::string>& modules) {
+  const std::string python = testPython();
+  for (const auto& m : modules) {
+    const std::string command = "'" + python + "' -W ignore -c 'import " + m + "' >/dev/null 2>&1";
+    if (std::system(command.c_str()) != 0) {
+      return python + " cannot import " + m +
+             ": this check runs in the PyPI suite (make TORCH=pypi test; tools/install-deps.sh --pypi installs " + m +
+             " there), or with PTRAIN_PYTHON set to a python that has it";
+    }
+  }
+  return "";
+}
 std::string binaryDir() { return PTRAIN_BINARY_DIR; }
 std::string ptrainBinary() { return std::string(PTRAIN_BINARY_DIR) + "/bin/ptrain"; }
 

@@ -32,6 +32,16 @@ std::string ptrainBinary();
 std::string sourceDir();
 std::string binaryDir();
 
+// The Python that tests of ptrain against other frameworks' code run
+// (transformers, megatron-core, pycocotools): $PTRAIN_PYTHON, else the Python
+// of this build's libtorch (the PyPI environment of `make TORCH=pypi`, where
+// tools/install-deps.sh --pypi installs those packages), else python3.
+std::string testPython();
+// Why such a test must skip: "" when testPython() imports every module of
+// `modules` ("transformers", "megatron.core"), else a sentence naming the
+// python and the module it lacks, and where it comes from.
+std::string pythonLacks(const std::vector<std::string>& modules);
+
 // A fresh temporary directory, removed with everything in it on destruction.
 class TempDir {
  public:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "hf_gpt2.h"
 #include "ptrain/comm/process_group.h"
 #include "ptrain/engine/moe_settings.h"
 #include "ptrain/recipe/key_specs.h"
@@ -197,6 +198,16 @@ std::optional<plan::ModelShape> LlmTrainer::modelShape() const {
   m.topk = config_.moe.topk;
   m.moe_layer_freq = config_.moe_layer_freq;
   return m;
+}
+
+std::unique_ptr<WeightsSource> LlmTrainer::openForeignWeights(const std::string& path) const {
+  if (!isHuggingFaceFolder(path)) return nullptr;
+  return openHfGpt2(path, config_);
+}
+
+void LlmTrainer::exportWeights(const std::string& format, WeightsSource& weights, const std::string& outDir) const {
+  if (format != "hf") Trainer::exportWeights(format, weights, outDir);
+  exportHfGpt2(config_, weights, outDir);
 }
 
 GptModel& LlmTrainer::ownModel(StagedModel& model) {

@@ -59,6 +59,11 @@ class LlmTrainer : public Trainer {
   // ctx.all_reduce_sum. Runs under NoGradGuard; the engine sets eval mode.
   // `model` must come from this trainer's buildModel().
   std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
+  // A Hugging Face GPT-2 folder (hf_gpt2.h) under this model's names.
+  std::unique_ptr<WeightsSource> openForeignWeights(const std::string& path) const override;
+  // "hf": a GPT-2 folder transformers' GPT2LMHeadModel loads (hf_gpt2.h).
+  std::vector<std::string> exportFormats() const override { return {"hf"}; }
+  void exportWeights(const std::string& format, WeightsSource& weights, const std::string& outDir) const override;
 
   // Valid after setup().
   const GptConfig& modelConfig() const { return config_; }

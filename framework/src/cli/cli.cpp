@@ -171,6 +171,15 @@ int main(int argc, char** argv) {
   consolidateCmd->add_option("step", consolidateFrom, "a checkpoint folder: RUN_DIR/checkpoints/step_N")->required();
   consolidateCmd->add_option("out", consolidateTo, "the folder to write (created; files in it are replaced)")->required();
 
+  std::string exportFrom, exportFormat, exportTo;
+  auto* exportCmd = app.add_subcommand(
+      "export", "write a checkpoint's model in another framework's format: ptrain export STEP --format hf OUT");
+  exportCmd->add_option("checkpoint", exportFrom, "a checkpoint folder RUN_DIR/checkpoints/step_N, or a run folder (its newest)")
+      ->required();
+  exportCmd->add_option("out", exportTo, "the folder to write (new, or empty)")->required();
+  exportCmd->add_option("--format", exportFormat, "hf: a Hugging Face folder (the llm trainer's GPT as GPT-2)")
+      ->required();
+
   bool markdown = false;
   auto* keysCmd = app.add_subcommand("keys", "list every recipe key with its type, default and meaning");
   keysCmd->add_flag("--markdown", markdown, "print the table used in docs/recipes.md");
@@ -207,6 +216,7 @@ int main(int argc, char** argv) {
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);
     if (consolidateCmd->parsed()) return cmdCheckpointConsolidate(consolidateFrom, consolidateTo);
+    if (exportCmd->parsed()) return cmdExport(exportFrom, exportFormat, exportTo);
   } catch (const Error& e) {
     // One line per problem (a layout can have several), each prefixed.
     std::string text = e.what();

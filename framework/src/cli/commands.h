@@ -114,5 +114,9 @@ int cmdKeys(bool markdown, const std::string& trainer, bool nccl);
 // (engine/sharded_checkpoint.h, consolidateCheckpoint), then one line of what
 // was written.
 int cmdCheckpointConsolidate(const std::string& stepDir, const std::string& outDir);
+// ptrain export STEP --format F OUT: the weights of a checkpoint (a step, run
+// or runs/NAME folder) in another framework's format, written by the run's
+// trainer (cmd_export.cpp).
+int cmdExport(const std::string& from, const std::string& format, const std::string& outDir);
 
 }  // namespace ptrain::cli

@@ -366,7 +366,8 @@ std::string resolveWeightsSource(const std::string& path, int64_t* step) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     throw CheckpointError(path + ": not found: give a run folder (its --run-dir), runs/NAME for the newest run of "
-                                 "recipe NAME, or a step folder RUN/checkpoints/step_N");
+                                 "recipe NAME, a step folder RUN/checkpoints/step_N, a .safetensors state dict or a "
+                                 "Hugging Face model folder");
   }
   std::string trimmed = path;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();

@@ -17,6 +17,7 @@
 #include "ptrain/engine/runtime.h"
 #include "ptrain/engine/sharded_checkpoint.h"
 #include "ptrain/recipe/recipe.h"
+#include "ptrain/engine/weights_source.h"
 
 namespace fs = std::filesystem;
 
@@ -211,46 +212,59 @@ CheckpointIo restoreLatestCheckpoint(const std::string& runDir, const std::vecto
 }
 
 int64_t loadWeightsFromRun(const std::string& path, const std::vector<std::string>& sources,
-                           const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world) {
+                           const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world,
+                           const ForeignWeightsOpener& foreign) {
   const at::Device device = runtimes.front()->device();
-  std::string error, dir, source;
-  int64_t latest = 0;
+  std::string error;
+  int64_t step = -1;
   std::unique_ptr<CheckpointReader> reader;
+  std::unique_ptr<WeightsSource> weights;
   try {
-    dir = resolveWeightsSource(path, &latest);
-    readMeta(dir, latest);
-    reader = std::make_unique<CheckpointReader>(dir);
-    for (const auto& s : sources) {
-      if (reader->hasRuntime(s)) {
-        source = s;
-        break;
-      }
-    }
-    if (source.empty()) {
-      std::string names;
-      for (const auto& s : sources) names += (names.empty() ? "'" : " or '") + s + "'";
-      throw CheckpointError(dir + ": holds no weights of model " + names +
-                            ": not a checkpoint of a model this run can start from");
-    }
+    weights = openWeights(path, sources, foreign, &reader, &step);
   } catch (const std::exception& e) {
     error = e.what();
   }
   agreeOnFailure(world, device, error, path);
+  const size_t saved = weights->names().size();
   for (ModelRuntime* runtime : runtimes) {
-    const size_t saved = reader->names(source, CheckpointSection::kParameters).size();
     const int64_t owned = runtime->ownedParameterCount();
     if (static_cast<int64_t>(saved) != owned) {
-      throw CheckpointError(detail::concat(dir, ": holds ", saved, " parameters of model '", source,
-                                           "', this model has ", owned, ": the checkpoint is from another model"));
+      throw CheckpointError(detail::concat(weights->where(), ": holds ", saved, " tensors, this model has ", owned,
+                                           " parameters: the weights are of another model"));
     }
   }
   try {
-    for (ModelRuntime* runtime : runtimes) runtime->loadCheckpoint(*reader, source, /*withOptimizer=*/false);
+    for (ModelRuntime* runtime : runtimes) runtime->loadWeights(*weights);
   } catch (const std::exception& e) {
     error = e.what();
   }
-  agreeOnFailure(world, device, error, dir);
-  return latest;
+  agreeOnFailure(world, device, error, weights->where());
+  return step;
+}
+
+std::unique_ptr<WeightsSource> openWeights(const std::string& path, const std::vector<std::string>& sources,
+                                           const ForeignWeightsOpener& foreign,
+                                           std::unique_ptr<CheckpointReader>* reader, int64_t* step) {
+  *step = -1;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return safetensorsWeights(path);
+  if (foreign) {
+    if (auto w = foreign(path)) return w;
+  }
+  if (isHuggingFaceFolder(path)) {
+    throw CheckpointError(path + ": a Hugging Face model folder of a model this trainer does not read (the llm "
+                                 "trainer reads GPT-2); give its model.safetensors if its names are this model's");
+  }
+  const std::string dir = resolveWeightsSource(path, step);
+  readMeta(dir, *step);
+  *reader = std::make_unique<CheckpointReader>(dir);
+  for (const auto& s : sources) {
+    if ((*reader)->hasRuntime(s)) return checkpointWeights(**reader, s);
+  }
+  std::string names;
+  for (const auto& s : sources) names += (names.empty() ? "'" : " or '") + s + "'";
+  throw CheckpointError(dir + ": holds no weights of model " + names +
+                        ": not a checkpoint of a model this run can start from");
 }
 
 }  // namespace ptrain

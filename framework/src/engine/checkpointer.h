@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +17,9 @@
 
 namespace ptrain {
 
+class CheckpointReader;
 class ModelRuntime;
+class WeightsSource;
 class ProcessGroup;
 class Recipe;
 
@@ -49,7 +53,19 @@ CheckpointIo restoreLatestCheckpoint(const std::string& runDir, const std::vecto
 // the checkpoint's step. Throws CheckpointError naming the folder when there
 // is no checkpoint, none of the sources, or weights of another model.
 // Collective over the world.
+// `path` may also be a safetensors file (a state dict with the model's
+// names; step -1) or a folder `foreign` (the trainer's
+// openForeignWeights) reads (step -1).
+using ForeignWeightsOpener = std::function<std::unique_ptr<WeightsSource>(const std::string& path)>;
 int64_t loadWeightsFromRun(const std::string& runDir, const std::vector<std::string>& sources,
-                           const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world);
+                           const std::vector<ModelRuntime*>& runtimes, ProcessGroup& world,
+                           const ForeignWeightsOpener& foreign = {});
+// What loadWeightsFromRun reads, opened on this process alone (`ptrain
+// export`, the checks): the source, the step folder's reader it borrows
+// (kept in *reader) and the step (-1 for a file or a foreign folder). Throws
+// CheckpointError (one line) for a path that holds none of these.
+std::unique_ptr<WeightsSource> openWeights(const std::string& path, const std::vector<std::string>& sources,
+                                           const ForeignWeightsOpener& foreign,
+                                           std::unique_ptr<CheckpointReader>* reader, int64_t* step);
 
 }  // namespace ptrain

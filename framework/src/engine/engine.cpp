@@ -26,6 +26,7 @@
 #include "ptrain/engine/op_counter.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/engine/weights_source.h"
 #include "ptrain/plugin/registry.h"
 
 namespace fs = std::filesystem;
@@ -341,7 +342,9 @@ int64_t TrainingSession::restoreLatest(const std::vector<ModelRuntime*>& runtime
 
 int64_t TrainingSession::loadWeightsFrom(const std::string& runDir, const std::vector<std::string>& sources,
                                          const std::vector<ModelRuntime*>& runtimes) {
-  return loadWeightsFromRun(runDir, sources, runtimes, comm_->world());
+  Trainer& owner = trainer();
+  return loadWeightsFromRun(runDir, sources, runtimes, comm_->world(),
+                            [&owner](const std::string& path) { return owner.openForeignWeights(path); });
 }
 
 void TrainingSession::addFigures(TrainSummary& summary) {
@@ -390,7 +393,10 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
     // Another run's weights (a GRPO run's actor too); optimizer and data fresh.
     const std::string from = recipe.getString("checkpoint.load");
     const int64_t loaded = session.loadWeightsFrom(from, {"model", "actor"}, {runtime.get()});
-    if (isRankZero) logger()->info("weights from {} (step {}); optimizer and data start fresh", from, loaded);
+    if (isRankZero) {
+      logger()->info("weights from {}{}; optimizer and data start fresh", from,
+                     loaded >= 0 ? " (step " + std::to_string(loaded) + ")" : std::string());
+    }
   }
   Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, trainer.throughputUnit());
   session.beginTraining(step);

@@ -2,11 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/engine.h"
 #include "ptrain/engine/hooks.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/engine/weights_source.h"
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/moe.h"
 #include "ptrain/nn/parallel_layers.h"
@@ -24,6 +27,18 @@ TrainSummary Trainer::train(TrainingSession& session) { return defaultTrainingLo
 Batch Trainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
   return globalBatch(step, globalBatchSize).slice(begin, end);
 }
+
+void Trainer::exportWeights(const std::string& format, WeightsSource&, const std::string&) const {
+  const std::vector<std::string> formats = exportFormats();
+  std::string known;
+  for (const auto& f : formats) known += (known.empty() ? "" : ", ") + f;
+  throw ConfigError("--format " + format + ": this trainer exports " +
+                    (known.empty() ? std::string("no format") : "only " + known));
+}
+
+std::unique_ptr<WeightsSource> Trainer::openForeignWeights(const std::string&) const { return nullptr; }
+
+nlohmann::json Trainer::dataPosition(int64_t, int64_t) const { return nullptr; }
 
 bool ModelBuild::buildsBlock(int index) const {
   if (!blocks) return true;

@@ -14,6 +14,8 @@
 #include "ptrain/engine/offload.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/engine/weights_source.h"
+#include "engine/checkpointer.h"
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/schema.h"
@@ -57,16 +59,19 @@ std::vector<std::string> checkCommBackend(const Recipe& recipe, PluginRegistry& 
           " (`ptrain plugins` lists them)"};
 }
 
-// checkpoint.load names weights that are there.
-std::vector<std::string> checkWeightsSource(const Recipe& recipe) {
-  if (!recipe.has("checkpoint.load")) return {};
+// checkpoint.load names weights this trainer's model can start from: a run
+// or step folder, a safetensors file, or a folder of another framework the
+// trainer reads (whose config it compares with the model). After setup.
+void checkWeightsSource(const Recipe& recipe, const Trainer& trainer) {
+  if (!recipe.has("checkpoint.load")) return;
   try {
+    std::unique_ptr<CheckpointReader> reader;
     int64_t step = 0;
-    resolveWeightsSource(recipe.getString("checkpoint.load"), &step);
+    openWeights(recipe.getString("checkpoint.load"), {"model", "actor"},
+                [&trainer](const std::string& path) { return trainer.openForeignWeights(path); }, &reader, &step);
   } catch (const CheckpointError& e) {
-    return {recipe.location("checkpoint.load").str() + ": checkpoint.load: " + e.what()};
+    recipe.fail("checkpoint.load", e.what());
   }
-  return {};
 }
 
 }  // namespace
@@ -128,7 +133,6 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
-  for (auto& p : checkWeightsSource(out.recipe)) problems.push_back(std::move(p));
   if (!problems.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
@@ -139,6 +143,7 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& w : memorySettingWarnings(out.recipe, sized.dp, sized.edp)) out.warnings.push_back(std::move(w));
   out.trainer->setup(out.recipe);
   checkModelBuildsSlices(out.recipe, layout, *out.trainer);
+  checkWeightsSource(out.recipe, *out.trainer);
   return out;
 }
 

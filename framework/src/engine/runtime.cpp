@@ -1,4 +1,5 @@
 #include "ptrain/engine/runtime.h"
+#include "ptrain/engine/weights_source.h"
 
 #include <torch/torch.h>
 
@@ -522,6 +523,55 @@ RankShare ModelRuntime::checkpointShare() {
     }
   }
   return share;
+}
+
+void ModelRuntime::loadWeights(WeightsSource& weights) {
+  torch::NoGradGuard noGrad;
+  const Placement& placement = model_->placement;
+  std::map<std::string, at::Tensor> params;
+  // `name`'s block into `out`, after checking the source has it whole-shaped
+  // as this model does.
+  auto read = [&](const std::string& name, const std::vector<int64_t>& full, const TensorBlock& block, at::Tensor out) {
+    auto info = weights.find(name);
+    if (!info) {
+      throw CheckpointError(detail::concat(weights.where(), ": no parameter '", name,
+                                           "': the weights are of another model (its names: ", weights.names().size(),
+                                           " tensors, e.g. '", weights.names().empty() ? "" : weights.names().front(),
+                                           "')"));
+    }
+    if (info->shape != full) {
+      throw CheckpointError(detail::concat(weights.where(), ": parameter '", name, "' has shape ",
+                                           shapeString(info->shape), ", this model has ", shapeString(full),
+                                           ": the weights are of another model"));
+    }
+    weights.read(name, block, out);
+  };
+  for (auto& item : model_->module().named_parameters()) {
+    const std::string& name = item.key();
+    if (!placement.held(name)) continue;  // another pipeline stage's
+    at::Tensor p = item.value().detach();
+    params.emplace(name, p);
+    const ParameterPlacement& where = placement.of(name);
+    read(name, where.fullSizes(p.sizes()), blockOf(where, p), p);
+  }
+  if (optimizer_ == nullptr) return;
+  // The float32 masters the optimizer made from the initial weights: read
+  // from the source too (not copied from a lower-precision parameter), so
+  // the first update starts from the loaded values at full precision.
+  if (distributed_) {
+    for (auto& piece : distributed_->pieces()) {
+      const ParameterPlacement& where = placement.of(piece.name);
+      read(piece.name, where.fullSizes(piece.param_sizes), pieceBlock(where, piece), piece.master);
+    }
+    return;
+  }
+  for (auto& [name, t] : optimizer_->state()) {
+    if (name.rfind("master.", 0) != 0) continue;
+    const std::string param = parameterOfState(name);
+    std::vector<int64_t> full;
+    const TensorBlock block = stateBlock(name, placement.of(param), t, params.at(param), &full);
+    read(param, full, block, t);
+  }
 }
 
 int64_t ModelRuntime::ownedParameterCount() {

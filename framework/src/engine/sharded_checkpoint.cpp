@@ -267,6 +267,15 @@ struct CheckpointReader::Impl {
   std::map<std::string, std::map<std::string, std::map<std::string, Entry>>> entries;
   std::set<std::string> wholeFilesRead;
   uint64_t bytesRead = 0;
+  // A bare safetensors file (CheckpointReader::openFile): its name in `dir`,
+  // served as every runtime's parameters.
+  std::string bareFile;
+
+  // The whole-tensor file of `runtime`'s `section`, or "" when there is none.
+  std::string wholeFileOf(const std::string& runtime, CheckpointSection section) const {
+    if (bareFile.empty()) return wholeFile(runtime, section);
+    return section == CheckpointSection::kParameters ? bareFile : "";
+  }
 
   File& file(const std::string& name) {
     auto it = files.find(name);
@@ -380,8 +389,8 @@ struct CheckpointReader::Impl {
   std::map<std::string, Entry>& sectionEntries(const std::string& runtime, CheckpointSection section) {
     auto& map = entries[runtime][sectionKey(section)];
     if (sharded) return map;
-    const std::string name = wholeFile(runtime, section);
-    if (wholeFilesRead.insert(name).second && fs::exists(fs::path(dir) / name)) {
+    const std::string name = wholeFileOf(runtime, section);
+    if (!name.empty() && wholeFilesRead.insert(name).second && fs::exists(fs::path(dir) / name)) {
       File& f = file(name);
       readHeader(f);
       for (const auto& [key, e] : f.tensors) {
@@ -576,10 +585,30 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)), impl
   }
 }
 
+CheckpointReader::CheckpointReader(std::string dir, std::string file)
+    : dir_(std::move(dir)), impl_(std::make_unique<Impl>()) {
+  impl_->dir = dir_;
+  impl_->bareFile = std::move(file);
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::openFile(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw CheckpointError(path + ": not found: give a .safetensors file, a Hugging Face model folder or a ptrain run or step folder");
+  }
+  fs::path p(path);
+  std::unique_ptr<CheckpointReader> reader(
+      new CheckpointReader(p.has_parent_path() ? p.parent_path().string() : ".", p.filename().string()));
+  // The header now, so a file that is not safetensors fails here, in one line.
+  reader->impl_->readHeader(reader->impl_->file(reader->impl_->bareFile));
+  return reader;
+}
+
 CheckpointReader::~CheckpointReader() = default;
 
 bool CheckpointReader::hasRuntime(const std::string& runtime) const {
   if (sharded_) return impl_->entries.count(runtime) != 0;
+  if (!impl_->bareFile.empty()) return true;
   return fs::exists(fs::path(dir_) / wholeFile(runtime, CheckpointSection::kParameters));
 }
 

@@ -72,6 +72,7 @@ class PluginRegistry;
 class Plugin;
 class Recipe;
 struct EvalContext;
+class WeightsSource;
 
 // Builds the parts of the model that `build` names (Trainer::buildModel).
 using ModelFactory = std::function<std::shared_ptr<StagedModel>(const ModelBuild& build)>;
@@ -201,6 +202,13 @@ class PTRAIN_API ModelRuntime {
   // checkpoint of another model), or what the reader throws.
   void loadCheckpoint(CheckpointReader& reader, const std::string& source, bool withOptimizer,
                       int64_t optimizerSteps = 0);
+  // Reads this rank's block of every parameter it holds from `weights`
+  // (checkpoint.load: another run's step folder, a safetensors state dict, a
+  // trainer's adapter of another framework's folder), converted to the
+  // parameter's dtype; optimizer and precision state are left as they are.
+  // Throws CheckpointError naming weights.where() when a parameter is
+  // missing or has another shape.
+  void loadWeights(WeightsSource& weights);
   // Parameters the whole model has (held and not a mirror, summed over the
   // pipeline stages), to tell a checkpoint of another model: collective over
   // the pipeline group.

@@ -112,6 +112,11 @@ class PTRAIN_API CheckpointReader {
   // an earlier ptrain (read lazily, header by header). Throws CheckpointError
   // naming the folder when it holds neither, or the index is malformed.
   explicit CheckpointReader(std::string dir);
+  // Opens one safetensors file (a bare state dict, not a ptrain folder) as
+  // the whole-tensor parameters of any runtime: no optimizer section, no
+  // checksums. Throws CheckpointError naming the file when it is missing or
+  // its header is not safetensors.
+  static std::unique_ptr<CheckpointReader> openFile(const std::string& path);
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
@@ -144,6 +149,7 @@ class PTRAIN_API CheckpointReader {
 
  private:
   struct Impl;
+  CheckpointReader(std::string dir, std::string file);
   std::string dir_;
   bool sharded_ = false;
   std::unique_ptr<Impl> impl_;

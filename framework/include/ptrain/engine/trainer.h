@@ -11,6 +11,9 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "ptrain/plan/cost_model.h"
 #include "ptrain/engine/batch.h"
@@ -32,6 +35,7 @@ struct EvalContext {
 };
 
 class TrainingSession;
+class WeightsSource;
 struct TrainSummary;
 
 class PTRAIN_API Trainer : public Plugin {
@@ -87,6 +91,38 @@ class PTRAIN_API Trainer : public Plugin {
   }
   // Metrics named eval_* (e.g. eval_exact_match in [0, 1], eval_loss).
   virtual std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) = 0;
+
+  // checkpoint.load of `path` when it is not a ptrain run or step folder and
+  // not a bare safetensors file with the model's names: a folder of another
+  // framework this trainer reads (the llm trainer: a Hugging Face GPT-2
+  // folder), as a source under the model's parameter names. nullptr: not a
+  // format this trainer reads. After setup(). Throws CheckpointError (one
+  // line) for a folder of its format that does not fit the model (e.g.
+  // another hidden size), naming the difference.
+  virtual std::unique_ptr<WeightsSource> openForeignWeights(const std::string& path) const;
+  // Formats `ptrain export --format` writes for this trainer ("hf"); empty:
+  // none.
+  virtual std::vector<std::string> exportFormats() const { return {}; }
+  // Writes `weights` (a checkpoint of this trainer's model, set up with that
+  // run's recipe) as `format` into the new folder `outDir`. Throws
+  // ConfigError naming what the format cannot express (e.g. an untied head
+  // or experts), CheckpointError for an unreadable checkpoint or an
+  // unwritable folder. The default refuses every format.
+  virtual void exportWeights(const std::string& format, WeightsSource& weights, const std::string& outDir) const;
+
+  // The data position a checkpoint at `step` records (meta.json "data"):
+  // which files, how many samples consumed, the epoch; null for data that
+  // is a pure function of the step alone (the built-in generators). Read
+  // back on resume by checkDataPosition. After setup().
+  virtual nlohmann::json dataPosition(int64_t step, int64_t globalBatchSize) const;
+  // On resume from `step`: what is wrong continuing after `saved` (what
+  // dataPosition wrote then), e.g. a data file that changed since; nullopt
+  // when the run continues exactly where it stopped. The default accepts
+  // anything.
+  virtual std::optional<std::string> checkDataPosition(const nlohmann::json& saved, int64_t step,
+                                                       int64_t globalBatchSize) const {
+    return std::nullopt;
+  }
 
   // Runs the whole training on this rank (collective over the job). The
   // default is the engine's loop over one runtime (defaultTrainingLoop in
