@@ -115,6 +115,22 @@ TEST(LoadWeights, HuggingFaceFoldersAndStateDictsStartFromTheSameWeights) {
   EXPECT_EQ(firstStep("hf", hf, 2), fromStep);
   EXPECT_EQ(firstStep("file", tmp.path() + "/whole/model.safetensors", 1), fromStep);
 
+  // bf16 with float32 masters: the masters start from the loaded weights
+  // too, so the steps after the first (which the masters write back) stay
+  // where A ended instead of returning to a fresh model's loss.
+  {
+    std::vector<std::string> args = {"run", quickstart(), "--nproc", "1", "precision.name=bf16",
+                                     "checkpoint.load=" + hf, "--run-dir", tmp.path() + "/bf16",
+                                     "train.steps=3", "optimizer.lr=1e-12", "train.eval_every=0",
+                                     "checkpoint.save_final=false"};
+    r = runPtrain(args, {}, 300);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto steps = ptrain::test::readTrainingSteps(tmp.path() + "/bf16");
+    const double third = nlohmann::json::parse(steps.at(3))["loss"].get<double>();
+    EXPECT_LT(std::abs(third - fromStep), std::abs(third - firstLoss(a)) / 4)
+        << third << ": A began at " << firstLoss(a) << ", the loaded weights give " << fromStep;
+  }
+
   // A GPT-2 of another shape is refused by check, naming the key to set.
   r = runPtrain({"check", quickstart(), "model.hidden_size=128", "checkpoint.load=" + hf}, {}, 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -62,26 +62,44 @@ void LlmTrainer::describeKeys(Schema& schema) const {
                                 "Most digits of each operand; operands are uniform in [0, 10^digits)."),
                             1),
                     9));
+  schema.add(key("data.path", T::kStringList, "",
+                 "data.name megatron: the files' prefixes (PREFIX.bin + PREFIX.idx), or weights and prefixes "
+                 "([0.7, a, 0.3, b]) to blend several, as Megatron's --data-path."));
+  schema.add(key("data.split", T::kString, "969,30,1",
+                 "data.name megatron: the train, validation and test shares of each file's documents, as "
+                 "Megatron's --split."));
   schema.add(atLeast(key("data.eval_size", T::kInt, "512",
                          "Evaluation problems (a separate seeded stream), split across data-parallel ranks."),
                      0));
 }
 
 void LlmTrainer::setup(const Recipe& recipe) {
-  if (recipe.has("data.name")) {
-    const std::string name = recipe.getString("data.name");
-    if (!name.empty() && name != "arithmetic") {
-      recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic");
+  const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
+  const bool files = name == "megatron";
+  if (!name.empty() && name != "arithmetic" && !files) {
+    recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic (built in) or "
+                             "megatron (indexed .bin/.idx files, data.path)");
+  }
+  // Keys of the other source would be silently unread.
+  for (const char* key : files ? std::vector<const char*>{"data.operations", "data.digits"}
+                               : std::vector<const char*>{"data.path", "data.split"}) {
+    if (recipe.isExplicit(key)) {
+      recipe.fail(key, std::string("is read only with data.name: ") + (files ? "arithmetic" : "megatron") +
+                           "; remove it, or set data.name: " + (files ? "arithmetic" : "megatron"));
     }
+  }
+  if (files && !recipe.has("model.seq_length")) {
+    recipe.fail("model.seq_length", "not set; data.name: megatron cuts the documents into samples of seq_length + 1 "
+                                    "tokens: set it, e.g. model.seq_length: 256");
   }
 
   ArithmeticOptions data;
   data.operations.clear();
-  for (const std::string& name : recipe.getStringList("data.operations")) {
-    auto op = datasets::arithmeticOpFromName(name);
-    if (!op) recipe.fail("data.operations", "'" + name + "' is not an operation; use add, sub or mul");
-    if (std::find(data.operations.begin(), data.operations.end(), *op) == data.operations.end()) {
-      data.operations.push_back(*op);
+  for (const std::string& op : recipe.getStringList("data.operations")) {
+    auto parsed = datasets::arithmeticOpFromName(op);
+    if (!parsed) recipe.fail("data.operations", "'" + op + "' is not an operation; use add, sub or mul");
+    if (std::find(data.operations.begin(), data.operations.end(), *parsed) == data.operations.end()) {
+      data.operations.push_back(*parsed);
     }
   }
   data.digits = recipe.getInt("data.digits");
@@ -93,7 +111,9 @@ void LlmTrainer::setup(const Recipe& recipe) {
   }
   data.seq_length = recipe.has("model.seq_length") ? recipe.getInt("model.seq_length")
                                                    : ArithmeticDataset::minSeqLength(data.operations, data.digits);
-  if (auto problem = ArithmeticDataset::check(data)) recipe.fail(problem->key, problem->message);
+  if (!files) {
+    if (auto problem = ArithmeticDataset::check(data)) recipe.fail(problem->key, problem->message);
+  }
 
   GptConfig c;
   c.num_layers = requiredInt(recipe, "model.num_layers", "2");
@@ -102,13 +122,42 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.ffn_hidden_size = recipe.getInt("model.ffn_hidden_size");
   c.seq_length = data.seq_length;
   const int64_t vocab = recipe.getInt("model.vocab_size");
-  if (vocab != 0 && vocab < ArithmeticTokenizer::kVocabSize) {
+  std::unique_ptr<TokenCorpus> corpus;
+  if (files) {
+    TokenCorpusOptions o;
+    o.path = recipe.getStringList("data.path");
+    o.split = recipe.getString("data.split");
+    o.seq_length = c.seq_length;
+    o.seed = static_cast<uint32_t>(recipe.getInt("train.seed"));
+    o.train_samples = recipe.getInt("train.steps") * recipe.getInt("train.global_batch_size");
+    o.validation_samples = recipe.getInt("data.eval_size");
+    try {
+      corpus = std::make_unique<TokenCorpus>(o);
+    } catch (const ConfigError& e) {
+      const std::string text = e.what();
+      recipe.fail("data.path", text.rfind("data.path: ", 0) == 0 ? text.substr(11) : text);
+    }
+    c.vocab_size = vocab != 0 ? vocab : corpus->metadataVocab();
+    if (c.vocab_size == 0) {
+      recipe.fail("model.vocab_size", "not set, and the data set has no metadata that says it (PREFIX.json, which "
+                                      "ptrain data prepare writes); set it to the tokenizer's vocabulary size");
+    }
+    if (corpus->metadataVocab() > c.vocab_size) {
+      recipe.fail("model.vocab_size", std::to_string(c.vocab_size) + " is smaller than the data set's vocabulary (" +
+                                          std::to_string(corpus->metadataVocab()) + "); use 0 (from the data) or >= " +
+                                          std::to_string(corpus->metadataVocab()));
+    }
+    c.valid_vocab = c.vocab_size;
+  }
+  if (!files && vocab != 0 && vocab < ArithmeticTokenizer::kVocabSize) {
     recipe.fail("model.vocab_size", std::to_string(vocab) + " is smaller than the arithmetic vocabulary (" +
                                         std::to_string(ArithmeticTokenizer::kVocabSize) + " tokens); use 0 (from the data) or >= " +
                                         std::to_string(ArithmeticTokenizer::kVocabSize));
   }
-  c.vocab_size = vocab == 0 ? ArithmeticTokenizer::kVocabSize : vocab;
-  c.valid_vocab = ArithmeticTokenizer::kVocabSize;  // ids beyond the data's are never predicted
+  if (!files) {
+    c.vocab_size = vocab == 0 ? ArithmeticTokenizer::kVocabSize : vocab;
+    c.valid_vocab = ArithmeticTokenizer::kVocabSize;  // ids beyond the data's are never predicted
+  }
   c.make_vocab_size_divisible_by = recipe.getInt("model.make_vocab_size_divisible_by");
   // The padded vocabulary splits by rows across tensor-parallel ranks.
   const int64_t tp = recipe.getInt("parallel.tensor_model_parallel_size");
@@ -148,6 +197,7 @@ void LlmTrainer::setup(const Recipe& recipe) {
   }
   // Only a fully valid recipe replaces what an earlier setup() prepared.
   dataset_.emplace(data);
+  corpus_ = std::move(corpus);
   config_ = c;
 }
 
@@ -161,12 +211,28 @@ std::shared_ptr<StagedModel> LlmTrainer::buildModel(const ModelBuild& build) {
 
 Batch LlmTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: globalBatch() before setup()");
+  if (corpus_) return corpus_->trainRows(step * globalBatchSize, globalBatchSize, config_.vocab_size);
   return dataset_->trainBatch(step, globalBatchSize);
 }
 
-Batch LlmTrainer::batchRows(int64_t step, int64_t, int64_t begin, int64_t end) {
+Batch LlmTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: batchRows() before setup()");
+  if (corpus_) return corpus_->trainRows(step * globalBatchSize + begin, end - begin, config_.vocab_size);
   return dataset_->trainRows(step, begin, end);
+}
+
+nlohmann::json LlmTrainer::dataPosition(int64_t step, int64_t globalBatchSize) const {
+  if (!corpus_) return nullptr;
+  return corpus_->position(step * globalBatchSize);
+}
+
+std::optional<std::string> LlmTrainer::checkDataPosition(const nlohmann::json& saved, int64_t, int64_t) const {
+  if (!corpus_) {
+    if (!saved.is_null()) return std::string("the checkpoint's run read files (data.name: megatron), this one the "
+                                             "built-in arithmetic problems");
+    return std::nullopt;
+  }
+  return corpus_->differs(saved);
 }
 
 double LlmTrainer::lossCount(const Batch& batch) const { return batch.at("loss_mask").sum().item<double>(); }
@@ -223,6 +289,7 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
                ctx.shard, " of ", ctx.num_shards);
   GptModel& gpt = ownModel(model);
   torch::NoGradGuard noGrad;
+  if (corpus_) return evaluateCorpus(gpt, model, ctx);
 
   const std::vector<datasets::ArithmeticProblem> all = dataset_->evalProblems();
   const size_t n = all.size();
@@ -282,6 +349,39 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   std::map<std::string, double> out;
   if (total > 0) out["eval_exact_match"] = sums[0].item<double>() / total;
   if (count > 0) out["eval_loss"] = sums[2].item<double>() / count;
+  return out;
+}
+
+std::map<std::string, double> LlmTrainer::evaluateCorpus(GptModel& gpt, StagedModel& model, const EvalContext& ctx) {
+  const int64_t n = corpus_->validationSamples();
+  const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
+  const int64_t chunk = static_cast<int64_t>(kEvalChunk) / 8;
+  int64_t chunks = (end - begin + chunk - 1) / chunk;
+  // Expert parallelism: every rank runs as many forward passes.
+  if (model.forward_sync) {
+    at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
+    AllreduceOptions opts;
+    opts.op = ReduceOp::kMax;
+    model.forward_sync->allreduce(most, opts)->wait();
+    chunks = static_cast<int64_t>(most.item<double>());
+  }
+  double lossSum = 0, lossCount = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t first = begin + k * chunk;
+    if (first >= end) {
+      if (n > 0) gpt.forward(corpus_->validationRows(0, 1, config_.vocab_size).to(ctx.device));
+      continue;
+    }
+    LossOutput loss =
+        gpt.forward(corpus_->validationRows(first, std::min(end, first + chunk) - first, config_.vocab_size).to(ctx.device));
+    lossSum += loss.loss_sum.item<double>();
+    lossCount += loss.count;
+  }
+  at::Tensor sums = torch::tensor({lossSum, lossCount}, torch::TensorOptions(torch::kFloat64).device(ctx.device));
+  if (ctx.all_reduce_sum) ctx.all_reduce_sum(sums);
+  sums = sums.cpu();
+  std::map<std::string, double> out;
+  if (sums[1].item<double>() > 0) out["eval_loss"] = sums[0].item<double>() / sums[1].item<double>();
   return out;
 }
 

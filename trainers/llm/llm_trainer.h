@@ -3,6 +3,10 @@
 // ptrain/datasets/arithmetic.h; its metric is the exact match of greedy
 // decoding on held-out problems.
 //
+// With data.name: megatron it trains on Megatron's indexed data sets instead
+// (token_corpus.h; data.path, data.split), and its metric is eval_loss on the
+// validation split.
+//
 // Keys it reads (docs/trainers/llm.md): model.num_layers, hidden_size,
 // num_attention_heads (required), ffn_hidden_size, seq_length (not set: the
 // shortest that fits every problem), vocab_size (0: the dataset's 16),
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "gpt_model.h"
+#include "token_corpus.h"
 #include "ptrain/datasets/arithmetic.h"
 #include "ptrain/engine/trainer.h"
 
@@ -64,16 +69,28 @@ class LlmTrainer : public Trainer {
   // "hf": a GPT-2 folder transformers' GPT2LMHeadModel loads (hf_gpt2.h).
   std::vector<std::string> exportFormats() const override { return {"hf"}; }
   void exportWeights(const std::string& format, WeightsSource& weights, const std::string& outDir) const override;
+  // With data.name: megatron, the corpus's files and sample order, and the
+  // samples consumed before `step` (token_corpus.h); null for arithmetic.
+  nlohmann::json dataPosition(int64_t step, int64_t globalBatchSize) const override;
+  std::optional<std::string> checkDataPosition(const nlohmann::json& saved, int64_t step,
+                                               int64_t globalBatchSize) const override;
 
   // Valid after setup().
   const GptConfig& modelConfig() const { return config_; }
   const datasets::ArithmeticDataset& dataset() const { return *dataset_; }
+  // The files' corpus with data.name: megatron; null otherwise.
+  const TokenCorpus* corpus() const { return corpus_.get(); }
 
  private:
   GptModel& ownModel(StagedModel& model);
+  // data.name: megatron (after the model keys).
+  void setupCorpus(const Recipe& recipe, GptConfig& config);
+  // eval_loss over the validation split's first data.eval_size samples.
+  std::map<std::string, double> evaluateCorpus(GptModel& gpt, StagedModel& model, const EvalContext& ctx);
 
   GptConfig config_;
   std::optional<datasets::ArithmeticDataset> dataset_;
+  std::unique_ptr<TokenCorpus> corpus_;
   std::vector<std::weak_ptr<GptModel>> built_;
 };
 

@@ -180,6 +180,39 @@ int main(int argc, char** argv) {
   exportCmd->add_option("--format", exportFormat, "hf: a Hugging Face folder (the llm trainer's GPT as GPT-2)")
       ->required();
 
+  DataPrepareArgs prepare;
+  auto* dataCmd = app.add_subcommand("data", "make data sets from your files");
+  dataCmd->require_subcommand(1);
+  auto* prepareCmd = dataCmd->add_subcommand(
+      "prepare", "text or JSONL in, a Megatron indexed data set (PREFIX.bin/.idx/.json) out, tokenised with "
+                 "SentencePiece");
+  prepareCmd->add_option("inputs", prepare.inputs, "text files (a document per paragraph) or JSONL (.jsonl, .json)")
+      ->required();
+  prepareCmd->add_option("--output", prepare.output, "the data set's prefix, e.g. data/wiki")->required();
+  prepareCmd->add_option("--tokenizer", prepare.tokenizer, "a SentencePiece .model to tokenise with");
+  prepareCmd->add_option("--vocab-size", prepare.vocab_size,
+                         "train a SentencePiece model of this many pieces on the inputs (PREFIX.model)")
+      ->check(CLI::PositiveNumber);
+  prepareCmd->add_option("--json-key", prepare.json_key, "the JSONL field that holds a document's text (text)");
+  DataExportArgs dataExport;
+  auto* exportDataCmd = dataCmd->add_subcommand(
+      "export", "write a built-in data set as files its trainer reads back: mosaic (a COCO folder), clicks "
+                "(Criteo TSV)");
+  exportDataCmd->add_option("name", dataExport.name, "mosaic or clicks")->required();
+  exportDataCmd->add_option("out", dataExport.out, "where to write: a folder (mosaic) or a .tsv / .tsv.gz file (clicks)")
+      ->required();
+  exportDataCmd->add_option("--recipe", dataExport.recipe,
+                            "the recipe whose data options (sizes, seed) the export uses, so that training from the "
+                            "files gives its batches")
+      ->required();
+  exportDataCmd->add_option("overrides", dataExport.overrides, "overrides such as data.canvas=96");
+  exportDataCmd->add_option("--train", dataExport.train, "training samples to write (default: what the recipe's "
+                                                         "train.steps x global_batch_size reads)")
+      ->check(CLI::NonNegativeNumber);
+  exportDataCmd->add_option("--validation", dataExport.validation,
+                            "validation samples to write (default: the recipe's evaluation set)")
+      ->check(CLI::NonNegativeNumber);
+
   bool markdown = false;
   auto* keysCmd = app.add_subcommand("keys", "list every recipe key with its type, default and meaning");
   keysCmd->add_flag("--markdown", markdown, "print the table used in docs/recipes.md");
@@ -217,6 +250,8 @@ int main(int argc, char** argv) {
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);
     if (consolidateCmd->parsed()) return cmdCheckpointConsolidate(consolidateFrom, consolidateTo);
     if (exportCmd->parsed()) return cmdExport(exportFrom, exportFormat, exportTo);
+    if (prepareCmd->parsed()) return cmdDataPrepare(prepare);
+    if (exportDataCmd->parsed()) return cmdDataExport(dataExport);
   } catch (const Error& e) {
     // One line per problem (a layout can have several), each prefixed.
     std::string text = e.what();

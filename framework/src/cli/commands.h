@@ -118,5 +118,25 @@ int cmdCheckpointConsolidate(const std::string& stepDir, const std::string& outD
 // or runs/NAME folder) in another framework's format, written by the run's
 // trainer (cmd_export.cpp).
 int cmdExport(const std::string& from, const std::string& format, const std::string& outDir);
+struct DataPrepareArgs {
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string tokenizer;
+  int64_t vocab_size = 0;
+  std::string json_key = "text";
+};
+// ptrain data prepare: text or JSONL in, an indexed data set out (cmd_data.cpp).
+int cmdDataPrepare(const DataPrepareArgs& args);
+struct DataExportArgs {
+  std::string name;    // the built-in data set: mosaic, clicks
+  std::string out;
+  std::string recipe;  // its options (canvas, tables, seed, ...)
+  std::vector<std::string> overrides;
+  int64_t train = 0;
+  int64_t validation = 0;
+};
+// ptrain data export NAME OUT --recipe R: a built-in data set as files the
+// recipe's trainer reads back (cmd_data.cpp).
+int cmdDataExport(const DataExportArgs& args);
 
 }  // namespace ptrain::cli

@@ -329,7 +329,14 @@ void TrainingSession::recordIo(int64_t step, const char* what, double seconds, d
 
 void TrainingSession::saveCheckpoint(int64_t step, const std::vector<ModelRuntime*>& runtimes,
                                      const nlohmann::json& extra) {
-  const CheckpointIo io = ptrain::saveCheckpoint(runDir(), step, runtimes, recipe(), extra, comm_->world());
+  // Where the trainer's data stands (files, order, samples consumed), for
+  // the resume to check it continues the same order.
+  nlohmann::json withData = extra.is_object() ? extra : nlohmann::json::object();
+  if (!withData.contains("data")) {
+    nlohmann::json data = trainer().dataPosition(step, recipe().getInt("train.global_batch_size"));
+    if (!data.is_null()) withData["data"] = std::move(data);
+  }
+  const CheckpointIo io = ptrain::saveCheckpoint(runDir(), step, runtimes, recipe(), withData, comm_->world());
   recordIo(step, "save", io.seconds, static_cast<double>(io.bytes));
 }
 
@@ -337,6 +344,12 @@ int64_t TrainingSession::restoreLatest(const std::vector<ModelRuntime*>& runtime
   int64_t step = 0;
   const CheckpointIo io = restoreLatestCheckpoint(runDir(), runtimes, comm_->world(), &step);
   recordIo(step, "load", io.seconds, static_cast<double>(io.bytes));
+  // The same on every rank (files and recipe are), so every rank refuses alike.
+  const std::string meta = checkpointDir(runDir(), step) + "/meta.json";
+  const nlohmann::json saved = readJsonFile(meta).value("data", nlohmann::json());
+  if (auto why = trainer().checkDataPosition(saved, step, recipe().getInt("train.global_batch_size"))) {
+    throw ConfigError(meta + ": " + *why);
+  }
   return step;
 }
 

@@ -38,6 +38,14 @@ void Trainer::exportWeights(const std::string& format, WeightsSource&, const std
 
 std::unique_ptr<WeightsSource> Trainer::openForeignWeights(const std::string&) const { return nullptr; }
 
+void Trainer::exportData(const std::string& name, const std::string&, int64_t, int64_t) const {
+  const std::vector<std::string> names = exportableData();
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("ptrain data export " + name + ": this recipe's trainer exports " +
+                    (known.empty() ? std::string("no built-in data set") : "only " + known));
+}
+
 nlohmann::json Trainer::dataPosition(int64_t, int64_t) const { return nullptr; }
 
 bool ModelBuild::buildsBlock(int index) const {

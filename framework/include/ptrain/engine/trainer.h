@@ -110,6 +110,17 @@ class PTRAIN_API Trainer : public Plugin {
   // unwritable folder. The default refuses every format.
   virtual void exportWeights(const std::string& format, WeightsSource& weights, const std::string& outDir) const;
 
+  // Data sets `ptrain data export NAME OUT` writes as files (e.g. "mosaic":
+  // the built-in mosaics as a COCO folder); empty: none.
+  virtual std::vector<std::string> exportableData() const { return {}; }
+  // Writes built-in data set `name` (one of exportableData(), with the
+  // options setup() read from the recipe) into `out` in a format this
+  // trainer also reads from files, so that training from `out` gives the
+  // generator's batches. `train` / `validation`: samples of each split (0:
+  // the trainer's default). Throws ConfigError for an unknown name, an
+  // existing non-empty `out`, or an unwritable path. The default refuses.
+  virtual void exportData(const std::string& name, const std::string& out, int64_t train, int64_t validation) const;
+
   // The data position a checkpoint at `step` records (meta.json "data"):
   // which files, how many samples consumed, the epoch; null for data that
   // is a pure function of the step alone (the built-in generators). Read
