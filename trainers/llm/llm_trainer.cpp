@@ -65,6 +65,10 @@ void LlmTrainer::describeKeys(Schema& schema) const {
   schema.add(key("data.path", T::kStringList, "",
                  "data.name megatron: the files' prefixes (PREFIX.bin + PREFIX.idx), or weights and prefixes "
                  "([0.7, a, 0.3, b]) to blend several, as Megatron's --data-path."));
+  schema.add(key("data.validation_path", T::kString, "",
+                 "data.name prompts: a JSONL file of problems scored for exact match (none: no evaluation)."));
+  schema.add(key("data.shuffle", T::kBool, "true",
+                 "data.name prompts: each epoch in an order seeded by train.seed and the epoch (false: the file's)."));
   schema.add(key("data.split", T::kString, "969,30,1",
                  "data.name megatron: the train, validation and test shares of each file's documents, as "
                  "Megatron's --split."));
@@ -76,16 +80,20 @@ void LlmTrainer::describeKeys(Schema& schema) const {
 void LlmTrainer::setup(const Recipe& recipe) {
   const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
   const bool files = name == "megatron";
-  if (!name.empty() && name != "arithmetic" && !files) {
-    recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic (built in) or "
-                             "megatron (indexed .bin/.idx files, data.path)");
+  const bool prompts = name == "prompts";
+  if (!name.empty() && name != "arithmetic" && !files && !prompts) {
+    recipe.fail("data.name", "'" + name + "' is not a dataset of the llm trainer; use arithmetic (built in), "
+                             "megatron (indexed .bin/.idx files, data.path) or prompts (JSONL problems, data.path)");
   }
-  // Keys of the other source would be silently unread.
-  for (const char* key : files ? std::vector<const char*>{"data.operations", "data.digits"}
-                               : std::vector<const char*>{"data.path", "data.split"}) {
-    if (recipe.isExplicit(key)) {
-      recipe.fail(key, std::string("is read only with data.name: ") + (files ? "arithmetic" : "megatron") +
-                           "; remove it, or set data.name: " + (files ? "arithmetic" : "megatron"));
+  // Keys of another source would be silently unread.
+  const std::map<std::string, std::vector<std::string>> readBy = {
+      {"data.operations", {"arithmetic"}}, {"data.digits", {"arithmetic"}}, {"data.path", {"megatron", "prompts"}},
+      {"data.split", {"megatron"}},       {"data.validation_path", {"prompts"}}, {"data.shuffle", {"prompts"}}};
+  const std::string source = name.empty() ? "arithmetic" : name;
+  for (const auto& [key, sources] : readBy) {
+    if (recipe.isExplicit(key) && std::find(sources.begin(), sources.end(), source) == sources.end()) {
+      recipe.fail(key, "is read only with data.name: " + sources.front() + "; remove it, or set data.name: " +
+                           sources.front());
     }
   }
   if (files && !recipe.has("model.seq_length")) {
@@ -111,7 +119,30 @@ void LlmTrainer::setup(const Recipe& recipe) {
   }
   data.seq_length = recipe.has("model.seq_length") ? recipe.getInt("model.seq_length")
                                                    : ArithmeticDataset::minSeqLength(data.operations, data.digits);
-  if (!files) {
+  std::unique_ptr<PromptSet> promptSet, validationSet;
+  if (prompts) {
+    const auto paths = recipe.getStringList("data.path");
+    if (paths.size() != 1) {
+      recipe.fail("data.path", "data.name: prompts reads one JSONL file of problems; give it as data.path: [FILE]");
+    }
+    try {
+      promptSet = std::make_unique<PromptSet>(paths.front());
+      const std::string v = recipe.getString("data.validation_path");
+      if (!v.empty()) validationSet = std::make_unique<PromptSet>(v);
+    } catch (const ConfigError& e) {
+      recipe.fail(validationSet || !promptSet ? "data.path" : "data.validation_path", e.what());
+    }
+    const int64_t longest =
+        std::max(promptSet->longestTokens(), validationSet ? validationSet->longestTokens() : int64_t{0});
+    if (!recipe.has("model.seq_length")) {
+      data.seq_length = longest - 1;
+    } else if (data.seq_length < longest - 1) {
+      recipe.fail("model.seq_length", std::to_string(data.seq_length) + " is too short for the longest problem (" +
+                                          std::to_string(longest) + " tokens with its EOS); use at least " +
+                                          std::to_string(longest - 1));
+    }
+  }
+  if (!files && !prompts) {
     if (auto problem = ArithmeticDataset::check(data)) recipe.fail(problem->key, problem->message);
   }
 
@@ -196,8 +227,15 @@ void LlmTrainer::setup(const Recipe& recipe) {
                                          std::to_string(c.num_heads * std::max<int64_t>(1, c.hidden_size / c.num_heads)));
   }
   // Only a fully valid recipe replaces what an earlier setup() prepared.
+  // The arithmetic set stays built for every source (its accessors serve
+  // the GRPO trainer's options), long enough for its own problems.
+  if (files || prompts) data.seq_length = std::max(data.seq_length, ArithmeticDataset::minSeqLength(data.operations, data.digits));
   dataset_.emplace(data);
   corpus_ = std::move(corpus);
+  prompts_ = std::move(promptSet);
+  validation_prompts_ = std::move(validationSet);
+  shuffle_prompts_ = recipe.getBool("data.shuffle");
+  seed_ = static_cast<uint64_t>(recipe.getInt("train.seed"));
   config_ = c;
 }
 
@@ -212,21 +250,63 @@ std::shared_ptr<StagedModel> LlmTrainer::buildModel(const ModelBuild& build) {
 Batch LlmTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: globalBatch() before setup()");
   if (corpus_) return corpus_->trainRows(step * globalBatchSize, globalBatchSize, config_.vocab_size);
+  if (prompts_) return batchRows(step, globalBatchSize, 0, globalBatchSize);
   return dataset_->trainBatch(step, globalBatchSize);
 }
 
 Batch LlmTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: batchRows() before setup()");
   if (corpus_) return corpus_->trainRows(step * globalBatchSize + begin, end - begin, config_.vocab_size);
+  if (prompts_) {
+    std::vector<PromptAnswer> rows;
+    for (int64_t r = begin; r < end; ++r) rows.push_back(trainPrompt(step * globalBatchSize + r));
+    return promptBatch(rows, config_.seq_length);
+  }
   return dataset_->trainRows(step, begin, end);
 }
 
-nlohmann::json LlmTrainer::dataPosition(int64_t step, int64_t globalBatchSize) const {
-  if (!corpus_) return nullptr;
-  return corpus_->position(step * globalBatchSize);
+const PromptAnswer& LlmTrainer::trainPrompt(int64_t index) const {
+  PTRAIN_CHECK(prompts_ != nullptr, "llm trainer: trainPrompt() without data.name: prompts");
+  return prompts_->at(promptOrder(index, prompts_->size(), shuffle_prompts_, seed_));
 }
 
-std::optional<std::string> LlmTrainer::checkDataPosition(const nlohmann::json& saved, int64_t, int64_t) const {
+std::vector<PromptAnswer> LlmTrainer::evalItems() const {
+  if (prompts_) return validation_prompts_ ? validation_prompts_->items() : std::vector<PromptAnswer>{};
+  std::vector<PromptAnswer> out;
+  for (const auto& p : dataset_->evalProblems()) out.push_back({p.prompt(), p.answer()});
+  return out;
+}
+
+nlohmann::json LlmTrainer::dataPosition(int64_t step, int64_t globalBatchSize) const {
+  if (corpus_) return corpus_->position(step * globalBatchSize);
+  if (prompts_) {
+    return nlohmann::json{{"source", "prompts"},
+                          {"files", {prompts_->stamp()}},
+                          {"shuffle", shuffle_prompts_},
+                          {"seed", seed_},
+                          {"consumed_samples", step * globalBatchSize}};
+  }
+  return nullptr;
+}
+
+std::optional<std::string> LlmTrainer::checkDataPosition(const nlohmann::json& saved, int64_t step,
+                                                         int64_t globalBatchSize) const {
+  if (prompts_) {
+    const nlohmann::json now = dataPosition(step, globalBatchSize);
+    if (!saved.is_object() || saved.value("source", "") != "prompts") {
+      return std::string("the checkpoint's run read another data set (data.name changed)");
+    }
+    if (saved.value("files", nlohmann::json()) != now.at("files")) {
+      return std::string("the problems file changed since the checkpoint (its size or time differs): resuming would "
+                         "not continue the same order; restore it, or start a new run with checkpoint.load");
+    }
+    for (const char* key : {"shuffle", "seed"}) {
+      if (saved.value(key, nlohmann::json()) != now.at(key)) {
+        return std::string("the order of the problems changed since the checkpoint (data.") + key + " or train.seed)";
+      }
+    }
+    return std::nullopt;
+  }
   if (!corpus_) {
     if (!saved.is_null()) return std::string("the checkpoint's run read files (data.name: megatron), this one the "
                                              "built-in arithmetic problems");
@@ -291,14 +371,16 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   torch::NoGradGuard noGrad;
   if (corpus_) return evaluateCorpus(gpt, model, ctx);
 
-  const std::vector<datasets::ArithmeticProblem> all = dataset_->evalProblems();
+  const std::vector<PromptAnswer> all = evalItems();
   const size_t n = all.size();
+  if (n == 0) return {};  // prompts without data.validation_path: the same on every rank
   const size_t begin = n * static_cast<size_t>(ctx.shard) / static_cast<size_t>(ctx.num_shards);
   const size_t end = n * static_cast<size_t>(ctx.shard + 1) / static_cast<size_t>(ctx.num_shards);
   // Enough for the longest answer and its EOS; decoding stops there even if
   // the model babbles on.
   const int64_t maxNew =
-      ArithmeticDataset::maxProblemTokens(dataset_->options().operations, dataset_->options().digits);
+      validation_prompts_ ? validation_prompts_->longestAnswerTokens()
+                          : ArithmeticDataset::maxProblemTokens(dataset_->options().operations, dataset_->options().digits);
 
   // Under expert parallelism every rank must run as many forward passes as
   // the others (they exchange tokens): a rank out of problems evaluates the
@@ -316,25 +398,25 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   for (int64_t c = 0; c < chunks; ++c) {
     const size_t chunk = begin + static_cast<size_t>(c) * kEvalChunk;
     if (chunk >= end) {
-      LossOutput ignored = gpt.forward(dataset_->batchOf({all.at(0)}).to(ctx.device));
-      gpt.greedyDecode({ArithmeticTokenizer::encode(all.at(0).prompt())}, maxNew, ArithmeticTokenizer::kEos,
+      LossOutput ignored = gpt.forward(promptBatch({all.at(0)}, config_.seq_length).to(ctx.device));
+      gpt.greedyDecode({ArithmeticTokenizer::encode(all.at(0).prompt)}, maxNew, ArithmeticTokenizer::kEos,
                        ArithmeticTokenizer::kPad);
       continue;
     }
     const size_t stop = std::min(end, chunk + kEvalChunk);
-    std::vector<datasets::ArithmeticProblem> problems(all.begin() + chunk, all.begin() + stop);
+    std::vector<PromptAnswer> problems(all.begin() + chunk, all.begin() + stop);
 
-    LossOutput loss = gpt.forward(dataset_->batchOf(problems).to(ctx.device));
+    LossOutput loss = gpt.forward(promptBatch(problems, config_.seq_length).to(ctx.device));
     lossSum += loss.loss_sum.item<double>();
     lossCount += loss.count;
 
     std::vector<std::vector<int64_t>> prompts;
     prompts.reserve(problems.size());
-    for (const auto& p : problems) prompts.push_back(ArithmeticTokenizer::encode(p.prompt()));
+    for (const auto& p : problems) prompts.push_back(ArithmeticTokenizer::encode(p.prompt));
     auto generated = gpt.greedyDecode(prompts, maxNew, ArithmeticTokenizer::kEos, ArithmeticTokenizer::kPad);
     for (size_t i = 0; i < problems.size(); ++i) {
       // Exactly the answer, then EOS: an answer that runs on does not count.
-      std::vector<int64_t> expected = ArithmeticTokenizer::encode(problems[i].answer());
+      std::vector<int64_t> expected = ArithmeticTokenizer::encode(problems[i].answer);
       expected.push_back(ArithmeticTokenizer::kEos);
       if (generated[i] == expected) correct += 1;
     }

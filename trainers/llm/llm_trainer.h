@@ -5,7 +5,9 @@
 //
 // With data.name: megatron it trains on Megatron's indexed data sets instead
 // (token_corpus.h; data.path, data.split), and its metric is eval_loss on the
-// validation split.
+// validation split. With data.name: prompts it learns a user's own problems
+// (prompt_set.h; data.path, data.validation_path, data.shuffle), scored as
+// the arithmetic problems are.
 //
 // Keys it reads (docs/trainers/llm.md): model.num_layers, hidden_size,
 // num_attention_heads (required), ffn_hidden_size, seq_length (not set: the
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "gpt_model.h"
+#include "prompt_set.h"
 #include "token_corpus.h"
 #include "ptrain/datasets/arithmetic.h"
 #include "ptrain/engine/trainer.h"
@@ -80,6 +83,14 @@ class LlmTrainer : public Trainer {
   const datasets::ArithmeticDataset& dataset() const { return *dataset_; }
   // The files' corpus with data.name: megatron; null otherwise.
   const TokenCorpus* corpus() const { return corpus_.get(); }
+  // The user's problems with data.name: prompts (training, validation); null otherwise.
+  const PromptSet* prompts() const { return prompts_.get(); }
+  const PromptSet* validationPrompts() const { return validation_prompts_.get(); }
+  // Training problem `index` (step * batch + row) with data.name: prompts.
+  const PromptAnswer& trainPrompt(int64_t index) const;
+  // What evaluate() scores: the arithmetic evaluation problems, or the
+  // validation prompts (none without data.validation_path).
+  std::vector<PromptAnswer> evalItems() const;
 
  private:
   GptModel& ownModel(StagedModel& model);
@@ -91,6 +102,10 @@ class LlmTrainer : public Trainer {
   GptConfig config_;
   std::optional<datasets::ArithmeticDataset> dataset_;
   std::unique_ptr<TokenCorpus> corpus_;
+  std::unique_ptr<PromptSet> prompts_;
+  std::unique_ptr<PromptSet> validation_prompts_;
+  bool shuffle_prompts_ = true;
+  uint64_t seed_ = 0;
   std::vector<std::weak_ptr<GptModel>> built_;
 };
 

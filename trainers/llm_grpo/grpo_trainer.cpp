@@ -211,7 +211,9 @@ void GrpoTrainer::setup(const Recipe& recipe) {
   o.rollout.sampling.top_p = recipe.getFloat(kRollout + "top_p");
   o.rollout.sampling.top_k = recipe.getInt(kRollout + "top_k");
   const int64_t maxResponse = recipe.getInt("data.max_response_length");
-  o.rollout.max_response_length = maxResponse > 0 ? maxResponse : longestAnswerTokens(data.operations, data.digits);
+  o.rollout.max_response_length = maxResponse > 0          ? maxResponse
+                                  : prompts() != nullptr ? prompts()->longestAnswerTokens()
+                                                         : longestAnswerTokens(data.operations, data.digits);
   o.rollout.stop_id = ArithmeticTokenizer::kEos;
   o.rollout.pad_id = ArithmeticTokenizer::kPad;
   o.rollout.seed = data.seed;
@@ -259,6 +261,13 @@ void GrpoTrainer::promptsOf(int64_t step, std::vector<std::vector<int64_t>>& pro
   prompts.clear();
   answers.clear();
   for (int64_t i = 0; i < train_batch_size_; ++i) {
+    if (this->prompts() != nullptr) {
+      // data.name: prompts: the user's problems, train_batch_size a step.
+      const llm::PromptAnswer& p = trainPrompt(step * train_batch_size_ + i);
+      prompts.push_back(ArithmeticTokenizer::encode(p.prompt));
+      answers.push_back(p.answer);
+      continue;
+    }
     const datasets::ArithmeticProblem p = dataset().trainProblem(step, i);
     prompts.push_back(ArithmeticTokenizer::encode(p.prompt()));
     answers.push_back(p.answer());

@@ -37,6 +37,11 @@ class GrpoTrainer : public llm::LlmTrainer {
   // world size, one line each, and keys that do not agree with the actor's
   // step. Throws ConfigError.
   void setup(const Recipe& recipe) override;
+  // Prompts are consumed data.train_batch_size a step (not the actor's
+  // global batch of responses).
+  nlohmann::json dataPosition(int64_t step, int64_t) const override {
+    return LlmTrainer::dataPosition(step, train_batch_size_);
+  }
   // The actor (parallel.*), the reference (the actor's layout, optionally
   // offloaded) and the rollout (actor_rollout_ref.rollout.tensor_model_
   // parallel_size x the rest as data parallelism): evaluation before the first
