@@ -122,11 +122,16 @@ double iou(const MosaicBox& a, const MosaicBox& b) {
   return static_cast<double>(inter) / static_cast<double>(a.area + b.area - inter);
 }
 
-// One canvas on the 0-1 scale, row-major, and its boxes.
-struct Canvas {
-  std::vector<float> pixels;
-  std::vector<MosaicBox> boxes;
-};
+// A scaled item's level (0-255 float) as the byte an 8-bit image stores:
+// rounded half up, clamped (interpolating 255 with 255 can land a hair above
+// it). The only rounding of the generator: a canvas is bytes from here on,
+// so that a PNG holds it exactly and a canvas read back from files is the
+// generator's bit for bit (compositing by max commutes with this rounding).
+uint8_t toByte(float level) {
+  return static_cast<uint8_t>(std::clamp(std::floor(static_cast<double>(level) + 0.5), 0.0, 255.0));
+}
+
+using Canvas = MosaicCanvas;
 
 Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index) {
   if (auto problem = checkMosaicOptions(options)) throw ConfigError("mosaic dataset: " + *problem);
@@ -136,7 +141,8 @@ Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index
   SplitMix64 rng(sampleSeed(options, split, index));
 
   Canvas canvas;
-  canvas.pixels.assign(static_cast<size_t>(side * side), 0.0f);
+  canvas.side = side;
+  canvas.pixels.assign(static_cast<size_t>(side * side), 0);
   const int64_t items =
       options.min_items + static_cast<int64_t>(rng.below(static_cast<uint64_t>(options.max_items - options.min_items + 1)));
   for (int64_t k = 0; k < items; ++k) {
@@ -175,11 +181,9 @@ Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index
     // Max compositing: an item never hides the foreground of one placed
     // before it, so every box keeps pixels above the foreground level.
     for (int64_t y = 0; y < size; ++y) {
-      float* row = canvas.pixels.data() + (top + y) * side + left;
+      uint8_t* row = canvas.pixels.data() + (top + y) * side + left;
       const float* from = item.data() + y * size;
-      // Divided rather than multiplied by 1/255, and capped, so a full-white
-      // pixel is exactly 1 (interpolating 255 with 255 can round above it).
-      for (int64_t x = 0; x < size; ++x) row[x] = std::max(row[x], std::min(1.0f, from[x] / 255.0f));
+      for (int64_t x = 0; x < size; ++x) row[x] = std::max(row[x], toByte(from[x]));
     }
     canvas.boxes.push_back(box);
   }
@@ -191,7 +195,17 @@ Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index
   return canvas;
 }
 
+// Bytes to the 0-1 scale: divided rather than multiplied by 1/255, so 255 is
+// exactly 1; the detection trainer's file source divides the same way.
+void bytesToUnit(const std::vector<uint8_t>& bytes, float* out) {
+  for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<float>(bytes[i]) / 255.0f;
+}
+
 }  // namespace
+
+MosaicCanvas mosaicCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index) {
+  return drawCanvas(options, split, index);
+}
 
 const char* mosaicSplitName(MosaicSplit split) {
   return split == MosaicSplit::kTrain ? "train" : "validation";
@@ -299,7 +313,7 @@ MosaicSample mosaicSample(const MosaicOptions& options, MosaicSplit split, int64
   const int64_t side = options.canvas;
   MosaicSample sample;
   sample.image = torch::empty({1, side, side}, torch::kFloat32);
-  std::memcpy(sample.image.data_ptr<float>(), canvas.pixels.data(), canvas.pixels.size() * sizeof(float));
+  bytesToUnit(canvas.pixels, sample.image.data_ptr<float>());
   sample.boxes = std::move(canvas.boxes);
   return sample;
 }
@@ -319,7 +333,7 @@ Batch mosaicBatch(const MosaicOptions& options, MosaicSplit split, int64_t first
   int64_t* cnt = counts.data_ptr<int64_t>();
   for (int64_t r = 0; r < count; ++r) {
     const Canvas canvas = drawCanvas(options, split, first + r);
-    std::memcpy(img + r * side * side, canvas.pixels.data(), canvas.pixels.size() * sizeof(float));
+    bytesToUnit(canvas.pixels, img + r * side * side);
     const int64_t n = static_cast<int64_t>(canvas.boxes.size());
     cnt[r] = n;
     for (int64_t k = 0; k < n; ++k) {

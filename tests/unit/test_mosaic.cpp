@@ -127,6 +127,9 @@ void expectValidCanvas(const MosaicOptions& o, MosaicSplit split, int64_t index)
   ASSERT_GE(sample.boxes.size(), 1u) << where;
   ASSERT_LE(static_cast<int64_t>(sample.boxes.size()), o.max_items) << where;
   const float* canvas = sample.image.data_ptr<float>();
+  // The canvas rebuilt from its boxes: each placed item's levels rounded half
+  // up to a byte, composited by max, 0 elsewhere.
+  std::vector<float> rebuilt(static_cast<size_t>(o.canvas * o.canvas), 0.0f);
 
   for (size_t k = 0; k < sample.boxes.size(); ++k) {
     const MosaicBox& b = sample.boxes[k];
@@ -174,13 +177,25 @@ void expectValidCanvas(const MosaicOptions& o, MosaicSplit split, int64_t index)
     ASSERT_GE(top, 0) << what;
     ASSERT_LE(left + size, o.canvas) << what;
     ASSERT_LE(top + size, o.canvas) << what;
-    int64_t below = 0;
+    // A canvas holds bytes (levels / 255): the item's level rounded half up
+    // (an interpolated level of 25.5 is stored as 26, 25.49 as 25).
+    int64_t below = 0, offGrid = 0;
     for (int64_t y = 0; y < size; ++y) {
       for (int64_t x = 0; x < size; ++x) {
-        below += canvas[(top + y) * o.canvas + left + x] + 1e-6f < item[y * size + x] / 255.0f;
+        const float stored = canvas[(top + y) * o.canvas + left + x];
+        const double level = std::min(255.0, std::floor(double(item[y * size + x]) + 0.5));
+        below += stored < static_cast<float>(level) / 255.0f;
+        offGrid += static_cast<float>(std::lround(stored * 255.0f)) / 255.0f != stored;
       }
     }
-    EXPECT_EQ(below, 0) << what << ": canvas pixels darker than the item's";
+    EXPECT_EQ(below, 0) << what << ": canvas pixels darker than the item's stored levels";
+    for (int64_t y = 0; y < size; ++y) {
+      for (int64_t x = 0; x < size; ++x) {
+        float& r = rebuilt[static_cast<size_t>((top + y) * o.canvas + left + x)];
+        r = std::max(r, static_cast<float>(std::min(255.0, std::floor(double(item[y * size + x]) + 0.5))) / 255.0f);
+      }
+    }
+    EXPECT_EQ(offGrid, 0) << what << ": canvas pixels that are not a byte / 255";
     float brightest = 0;
     for (int64_t y = b.y; y < b.y + b.height; ++y) {
       for (int64_t x = b.x; x < b.x + b.width; ++x) brightest = std::max(brightest, canvas[y * o.canvas + x]);
@@ -191,6 +206,9 @@ void expectValidCanvas(const MosaicOptions& o, MosaicSplit split, int64_t index)
       EXPECT_LE(iou(b, sample.boxes[j]), o.max_iou + 1e-12) << what << " against box " << j;
     }
   }
+  int64_t differ = 0;
+  for (size_t p = 0; p < rebuilt.size(); ++p) differ += rebuilt[p] != canvas[p];
+  EXPECT_EQ(differ, 0) << where << ": pixels that are not the max of the items' rounded levels";
 }
 
 }  // namespace
@@ -334,6 +352,21 @@ TEST(MosaicDataset, ScaleItemMatchesLibtorchBilinear) {
     std::vector<float> ours = ptrain::datasets::mosaicScaleItem(image, size);
     const at::Tensor got = torch::from_blob(ours.data(), {size * size}, torch::kFloat32);
     EXPECT_LT((got - expected).abs().max().item<float>(), 1e-3f) << "size " << size;
+  }
+}
+
+// A canvas is bytes: the sample's image is exactly those levels / 255, and
+// an item's stored level is its interpolated level rounded half up
+// (computed here from the bilinear formula, not the generator's rounding).
+TEST(MosaicDataset, CanvasIsBytesRoundedHalfUp) {
+  const MosaicOptions o = seeded(8);
+  for (int64_t i = 0; i < 20; ++i) {
+    const ptrain::datasets::MosaicCanvas c = ptrain::datasets::mosaicCanvas(o, MosaicSplit::kTrain, i);
+    const MosaicSample s = ptrain::datasets::mosaicSample(o, MosaicSplit::kTrain, i);
+    ASSERT_EQ(c.side, o.canvas);
+    ASSERT_TRUE(sameBoxes(c.boxes, s.boxes));
+    at::Tensor bytes = torch::from_blob(const_cast<uint8_t*>(c.pixels.data()), {1, o.canvas, o.canvas}, torch::kUInt8);
+    EXPECT_TRUE(torch::equal(bytes.to(torch::kFloat32).div(255.0f), s.image)) << i;
   }
 }
 

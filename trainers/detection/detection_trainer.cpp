@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <numeric>
 
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/engine/engine.h"
 #include "picture.h"
+#include "ptrain/datasets/coco_dataset.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -84,6 +87,24 @@ void DetectionTrainer::describeKeys(Schema& schema) const {
   schema.add(atMost(atLeast(key("data.max_iou", T::kFloat, "0.3", "Most two boxes of one canvas may overlap (IoU)."),
                             0),
                     1));
+  schema.add(key("data.path", T::kString, "",
+                 "data.name coco: the COCO folder to train from (annotations/instances_train.json, "
+                 "annotations/instances_validation.json, images/: what `ptrain data export mosaic` writes)."));
+  schema.add(key("data.train_annotations", T::kString, "annotations/instances_train.json",
+                 "data.name coco: the training images' instances file, relative to data.path."));
+  schema.add(key("data.validation_annotations", T::kString, "annotations/instances_validation.json",
+                 "data.name coco: the evaluation images' instances file, relative to data.path."));
+  schema.add(key("data.images", T::kString, "images",
+                 "data.name coco: the folder the instances files' file_name entries are relative to, relative "
+                 "to data.path."));
+  schema.add(atLeast(key("data.max_boxes", T::kInt, "0",
+                         "data.name coco: box slots per image in a batch (more boxes are refused); 0: the most any "
+                         "image of the files holds. Set it to the mosaic recipe's data.max_items for its batches "
+                         "bit for bit."),
+                     0));
+  schema.add(key("data.shuffle", T::kBool, "true",
+                 "data.name coco: visit the training images in a new order each epoch (seeded by train.seed and "
+                 "the epoch); false: file order (ascending image id)."));
   schema.add(atLeast(key("data.eval_size", T::kInt, "256",
                          "Validation canvases (0..eval_size-1) scored with COCO AP/AR, split across data-parallel "
                          "ranks."),
@@ -91,10 +112,21 @@ void DetectionTrainer::describeKeys(Schema& schema) const {
 }
 
 void DetectionTrainer::setup(const Recipe& recipe) {
-  if (recipe.has("data.name")) {
-    const std::string name = recipe.getString("data.name");
-    if (!name.empty() && name != "mosaic") {
-      recipe.fail("data.name", "'" + name + "' is not a dataset of the detection trainer; use mosaic");
+  const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
+  const bool files = name == "coco";
+  if (!name.empty() && name != "mosaic" && !files) {
+    recipe.fail("data.name", "'" + name + "' is not a dataset of the detection trainer; use mosaic (built in) or "
+                             "coco (a COCO folder, data.path)");
+  }
+  // Keys of the other source would be silently unread.
+  for (const char* key : files ? std::vector<const char*>{"data.min_items", "data.max_items", "data.min_scale",
+                                                           "data.max_scale", "data.max_iou"}
+                               : std::vector<const char*>{"data.path", "data.train_annotations",
+                                                          "data.validation_annotations", "data.images",
+                                                          "data.max_boxes", "data.shuffle"}) {
+    if (recipe.isExplicit(key)) {
+      recipe.fail(key, std::string("is read only with data.name: ") + (files ? "mosaic" : "coco") +
+                           "; remove it, or set data.name: " + (files ? "mosaic" : "coco"));
     }
   }
   // Keys of the transformer trainers that this convolutional model would
@@ -122,7 +154,9 @@ void DetectionTrainer::setup(const Recipe& recipe) {
                                    std::to_string(kOutputStride) + "; use e.g. " +
                                    std::to_string(data.canvas / kOutputStride * kOutputStride));
   }
-  if (auto problem = datasets::checkMosaicOptions(data)) recipe.fail("data", *problem);
+  if (!files) {
+    if (auto problem = datasets::checkMosaicOptions(data)) recipe.fail("data", *problem);
+  }
   {
     // One rank's micro-batch of canvases alone, before any activation: a size
     // no host holds is refused here, so that `ptrain check` refuses it as the
@@ -182,7 +216,28 @@ void DetectionTrainer::setup(const Recipe& recipe) {
     if (d < 1) recipe.fail("model.block_dilations", "dilation " + std::to_string(d) + " must be >= 1 (1: none)");
   }
 
+  std::unique_ptr<CocoSource> coco;
+  if (files) {
+    CocoSourceOptions o;
+    o.path = recipe.getString("data.path");
+    o.train_annotations = recipe.getString("data.train_annotations");
+    o.validation_annotations = recipe.getString("data.validation_annotations");
+    o.images = recipe.getString("data.images");
+    o.canvas = data.canvas;
+    o.classes = c.classes;
+    o.max_boxes = recipe.getInt("data.max_boxes");
+    o.shuffle = recipe.getBool("data.shuffle");
+    o.seed = data.seed;
+    try {
+      coco = std::make_unique<CocoSource>(o);
+    } catch (const ConfigError& e) {
+      recipe.fail("data.path", e.what());
+    }
+  }
+
   // Only a fully valid recipe replaces what an earlier setup() prepared.
+  coco_ = std::move(coco);
+  train_samples_ = recipe.getInt("train.steps") * recipe.getInt("train.global_batch_size");
   data_ = data;
   config_ = c;
   eval_size_ = recipe.getInt("data.eval_size");
@@ -204,8 +259,10 @@ Batch DetectionTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
 
 Batch DetectionTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
   PTRAIN_CHECK(ready_, "detection trainer: batchRows() before setup()");
-  // Canvas i of step s is canvas s * global + i of the training stream.
-  Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kTrain, step * globalBatchSize + begin, end - begin);
+  // Canvas i of step s is canvas s * global + i of the training stream (of
+  // the files' training order).
+  Batch batch = coco_ ? coco_->trainRows(step * globalBatchSize + begin, end - begin)
+                      : datasets::mosaicBatch(data_, MosaicSplit::kTrain, step * globalBatchSize + begin, end - begin);
   addCenterNetTargets(batch, config_.classes, data_.canvas);
   return batch;
 }
@@ -235,7 +292,11 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
   torch::NoGradGuard noGrad;
   if (eval_size_ == 0) return {};
 
-  const int64_t n = eval_size_;
+  const int64_t n = coco_ ? std::min(eval_size_, coco_->validationSize()) : eval_size_;
+  if (n == 0) return {};
+  auto categoryId = [this](int64_t label) {
+    return coco_ ? coco_->categoryId(label) : datasets::mosaicCocoCategoryId(label);
+  };
   const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
   const int64_t side = data_.canvas / kOutputStride, outChannels = config_.classes + 4;
   const int64_t topK = std::min(max_detections_, config_.classes * side * side);
@@ -250,7 +311,8 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
   // need no extra synchronisation.
   for (int64_t first = begin; first < end; first += kEvalChunk) {
     const int64_t count = std::min(kEvalChunk, end - first);
-    Batch batch = datasets::mosaicBatch(data_, MosaicSplit::kValidation, first, count);
+    Batch batch = coco_ ? coco_->validationRows(first, count)
+                        : datasets::mosaicBatch(data_, MosaicSplit::kValidation, first, count);
     addCenterNetTargets(batch, config_.classes, data_.canvas);
     batch = batch.to(ctx.device);
     at::Tensor hidden = model.forwardHidden(batch);
@@ -282,13 +344,15 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
       if (d[i][j][1] <= 0) continue;
       Detection det;
       det.image_id = i;
-      det.category_id = datasets::mosaicCocoCategoryId(static_cast<int64_t>(d[i][j][0]));
+      det.category_id = categoryId(static_cast<int64_t>(d[i][j][0]));
       det.score = d[i][j][1];
       det.bbox = Box{d[i][j][2], d[i][j][3], d[i][j][4], d[i][j][5]};
       found.push_back(det);
     }
   }
-  if (ground_truth_.empty()) {
+  if (ground_truth_.empty() && coco_) {
+    ground_truth_ = coco_->validationTruth(n);
+  } else if (ground_truth_.empty()) {
     for (int64_t i = 0; i < n; ++i) {
       for (const datasets::MosaicBox& b : datasets::mosaicSample(data_, MosaicSplit::kValidation, i).boxes) {
         GroundTruth gt;
@@ -306,13 +370,23 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
   if (rank_ == 0 && !run_dir_.empty()) {
     writeCocoDetections(run_dir_ + "/detections.json", found);
     if (!wrote_ground_truth_) {
-      datasets::writeCocoGroundTruth(run_dir_ + "/coco_gt.json", data_, n);
+      if (coco_) {
+        // In canvas pixels (letterboxed), as the detections are.
+        std::vector<int64_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), int64_t{0});
+        writeCocoGroundTruth(run_dir_ + "/coco_gt.json", ground_truth_, ids);
+      } else {
+        datasets::writeCocoGroundTruth(run_dir_ + "/coco_gt.json", data_, n);
+      }
       wrote_ground_truth_ = true;
     }
-    // The first canvases with their true boxes and detections, for a look.
-    const int64_t shown = std::min<int64_t>(n, kPictureCanvases);
-    writePng(run_dir_ + "/predictions.png",
-             predictionPicture(data_, shown, kPictureColumns, 2, ground_truth_, found, kPictureMinScore));
+    // The first canvases with their true boxes and detections, for a look
+    // (the generator's canvases only).
+    if (!coco_) {
+      const int64_t shown = std::min<int64_t>(n, kPictureCanvases);
+      writePng(run_dir_ + "/predictions.png",
+               predictionPicture(data_, shown, kPictureColumns, 2, ground_truth_, found, kPictureMinScore));
+    }
   }
 
   std::map<std::string, double> out;
@@ -322,6 +396,79 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
   out["eval_ar100"] = std::max(0.0, metrics.ar100);
   if (lossSums[1].item<double>() > 0) out["eval_loss"] = lossSums[0].item<double>() / lossSums[1].item<double>();
   return out;
+}
+
+void DetectionTrainer::exportData(const std::string& name, const std::string& out, int64_t train,
+                                  int64_t validation) const {
+  PTRAIN_CHECK(ready_, "detection trainer: exportData() before setup()");
+  if (name != "mosaic") {
+    throw ConfigError("data export: '" + name + "' is not a data set of the detection trainer; use mosaic");
+  }
+  if (coco_) {
+    throw ConfigError("data export mosaic: the recipe reads files (data.name: coco); give the recipe that trains on "
+                      "the mosaics (data.name: mosaic), whose canvas options and train.seed the export uses");
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) &&
+      (!std::filesystem::is_directory(out, ec) || !std::filesystem::is_empty(out, ec))) {
+    throw ConfigError("data export mosaic: " + out + " exists and is not an empty folder; remove it or choose "
+                      "another");
+  }
+  const int64_t trainCount = train > 0 ? train : train_samples_;
+  const int64_t validationCount = validation > 0 ? validation : eval_size_;
+  std::vector<datasets::CocoCategory> categories;
+  for (int64_t label = 0; label < datasets::kFashionMnistClasses; ++label) {
+    categories.push_back({datasets::mosaicCocoCategoryId(label), datasets::kFashionMnistClassNames[label]});
+  }
+  int64_t boxes = 0;
+  for (const MosaicSplit split : {MosaicSplit::kTrain, MosaicSplit::kValidation}) {
+    const bool isTrain = split == MosaicSplit::kTrain;
+    datasets::CocoWriter writer(out, datasets::mosaicSplitName(split), categories);
+    const int64_t count = isTrain ? trainCount : validationCount;
+    for (int64_t i = 0; i < count; ++i) {
+      datasets::MosaicCanvas canvas = datasets::mosaicCanvas(data_, split, i);
+      datasets::Image image;
+      image.width = image.height = canvas.side;
+      image.channels = 1;
+      image.bytes = std::move(canvas.pixels);
+      std::vector<datasets::CocoBox> cocoBoxes;
+      for (const datasets::MosaicBox& b : canvas.boxes) {
+        datasets::CocoBox box;
+        box.x = static_cast<double>(b.x);
+        box.y = static_cast<double>(b.y);
+        box.width = static_cast<double>(b.width);
+        box.height = static_cast<double>(b.height);
+        box.label = b.label;
+        box.area = static_cast<double>(b.area);
+        cocoBoxes.push_back(box);
+      }
+      boxes += static_cast<int64_t>(cocoBoxes.size());
+      char file[64];
+      std::snprintf(file, sizeof file, "mosaic_%s_%06lld.png", datasets::mosaicSplitName(split),
+                    static_cast<long long>(i));
+      writer.add(i, file, image, cocoBoxes);
+    }
+    writer.finish();
+  }
+  std::cout << "mosaic: wrote " << trainCount << " training and " << validationCount << " validation canvases ("
+            << boxes << " boxes, " << data_.canvas << "x" << data_.canvas << ", train.seed " << data_.seed
+            << ") to " << out << std::endl;
+}
+
+nlohmann::json DetectionTrainer::dataPosition(int64_t step, int64_t globalBatchSize) const {
+  if (!coco_) return nullptr;
+  return coco_->position(step * globalBatchSize);
+}
+
+std::optional<std::string> DetectionTrainer::checkDataPosition(const nlohmann::json& saved, int64_t,
+                                                               int64_t) const {
+  if (!coco_) {
+    if (!saved.is_null()) {
+      return std::string("the checkpoint's run read files (data.name: coco), this one the built-in mosaics");
+    }
+    return std::nullopt;
+  }
+  return coco_->differs(saved);
 }
 
 }  // namespace ptrain::detection

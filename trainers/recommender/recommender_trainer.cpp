@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "ptrain/comm/process_group.h"
+#include "ptrain/core/error.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/datasets/auc.h"
@@ -260,16 +264,51 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
                  "missed) and the fit's R^2 (fit_r2)."));
   schema.add(atLeast(key("data.eval_size", T::kInt, "20000",
                          "Validation samples scored (AUC, logloss), split across data-parallel ranks; the ground "
-                         "truth's best AUC is computed on the same samples."),
+                         "truth's best AUC is computed on the same samples. data.name criteo: the first that many "
+                         "records of data.validation_path (all of them when it holds fewer)."),
                      0));
+  schema.add(key("data.path", T::kString, "",
+                 "data.name criteo: the training file, Criteo TSV (plain or .gz; ptrain's history columns "
+                 "optional), e.g. what `ptrain data export clicks` writes."));
+  schema.add(key("data.validation_path", T::kString, "",
+                 "data.name criteo: the validation file (same format), scored at each evaluation."));
+  schema.add(key("data.shuffle", T::kBool, "true",
+                 "data.name criteo: visit the training records in a per-epoch order seeded by train.seed (blocks "
+                 "of data.shuffle_block consecutive records in a shuffled order, each block's records shuffled); "
+                 "false: the file's order (what reproduces the generator's batches from an export)."));
+  schema.add(atLeast(key("data.shuffle_block", T::kInt, "4096",
+                         "data.name criteo: consecutive records shuffled as one block (see data.shuffle)."),
+                     1));
 }
 
 void RecommenderTrainer::setup(const Recipe& recipe) {
-  if (recipe.has("data.name")) {
-    const std::string name = recipe.getString("data.name");
-    if (!name.empty() && name != "clicks") {
-      recipe.fail("data.name", "'" + name + "' is not a dataset of the recommender trainer; use clicks");
+  const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
+  const bool fromFiles = name == "criteo";
+  if (!name.empty() && name != "clicks" && !fromFiles) {
+    recipe.fail("data.name", "'" + name + "' is not a dataset of the recommender trainer; use clicks (built in) or "
+                             "criteo (TSV files, data.path)");
+  }
+  // Keys of the other source would be silently unread.
+  static const std::vector<const char*> kGeneratorKeys = {"data.zipf_exponent", "data.logit_std",  "data.click_rate",
+                                                          "data.hidden_dim",    "data.world_seed", "data.min_history",
+                                                          "data.term_fit"};
+  static const std::vector<const char*> kFileKeys = {"data.path", "data.validation_path", "data.shuffle",
+                                                     "data.shuffle_block"};
+  for (const char* key : fromFiles ? kGeneratorKeys : kFileKeys) {
+    if (recipe.isExplicit(key)) {
+      recipe.fail(key, std::string("is read only with data.name: ") + (fromFiles ? "clicks" : "criteo") +
+                           "; remove it, or set data.name: " + (fromFiles ? "clicks" : "criteo"));
     }
+  }
+  // Keys whose default is "" may hold no value at all.
+  auto text = [&](const char* key) { return recipe.has(key) ? recipe.getString(key) : std::string(); };
+  if (fromFiles && text("data.path").empty()) {
+    recipe.fail("data.path", "not set; data.name: criteo reads the training records from a Criteo TSV file, e.g. "
+                             "data.path: data/clicks_train.tsv.gz (ptrain data export clicks writes one)");
+  }
+  if (fromFiles && recipe.getInt("data.eval_size") > 0 && text("data.validation_path").empty()) {
+    recipe.fail("data.validation_path", "not set; evaluation (data.eval_size > 0) scores the records of a "
+                                        "validation file: give one, or set data.eval_size: 0");
   }
   // Keys of the transformer trainers that this model would otherwise ignore.
   for (const char* unused : {"model.num_attention_heads", "model.seq_length", "model.num_layers"}) {
@@ -313,6 +352,29 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   }
   data.validation_size = std::max<int64_t>(1, evalSize);
   if (auto problem = datasets::checkClicksOptions(data)) recipe.fail("data", *problem);
+  std::unique_ptr<ClickFiles> files;
+  if (fromFiles) {
+    ClickFilesOptions o;
+    o.train_path = text("data.path");
+    o.validation_path = evalSize > 0 ? text("data.validation_path") : "";
+    o.table_sizes = sizes;
+    o.item_feature = data.item_feature;
+    o.category_feature = data.category_feature;
+    o.interest_feature = data.interest_feature;
+    o.history_length = data.history_length;
+    o.shuffle = recipe.getBool("data.shuffle");
+    o.shuffle_block = recipe.getInt("data.shuffle_block");
+    o.seed = data.seed;
+    try {
+      files = std::make_unique<ClickFiles>(o);
+    } catch (const ConfigError& e) {
+      // Which file is named in the message; the key says where it was set.
+      const std::string what = e.what();
+      const bool validation = !o.validation_path.empty() && what.rfind(o.validation_path, 0) == 0 &&
+                              what.rfind(o.train_path, 0) != 0;
+      recipe.fail(validation ? "data.validation_path" : "data.path", what);
+    }
+  }
 
   RecsysConfig c;
   c.table_sizes = sizes;
@@ -369,7 +431,9 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   pipeline_layout_ = layout;
 
   // Only a fully valid recipe replaces what an earlier setup() prepared.
-  dataset_ = std::make_unique<datasets::ClicksDataset>(data);
+  dataset_ = fromFiles ? nullptr : std::make_unique<datasets::ClicksDataset>(data);
+  files_ = std::move(files);
+  default_export_samples_ = recipe.getInt("train.steps") * recipe.getInt("train.global_batch_size");
   best_.reset();
   config_ = c;
   eval_size_ = evalSize;
@@ -393,11 +457,20 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
                      count(footprint.last_stage_parameters), gigabytes(footprint.last_stage_bytes));
     }
     logger()->debug("recommender: table sizes [{}]", join(sizes));
+    if (files_) {
+      const auto& info = files_->trainFile().indexInfo();
+      logger()->info("recommender: {} training records in {} ({}, index {} {}), {} validation records{}",
+                     files_->trainRecords(), files_->options().train_path, info.gzip ? "gzip" : "plain",
+                     info.origin == datasets::CriteoIndexOrigin::kLoaded ? "loaded from" : "built into",
+                     info.path.empty() ? std::string("memory") : info.path, files_->validationRecords(),
+                     files_->options().shuffle ? ", shuffled in blocks of " + std::to_string(files_->options().shuffle_block)
+                                               : ", in file order");
+    }
   }
 }
 
 std::shared_ptr<StagedModel> RecommenderTrainer::buildModel(const ModelBuild& build) {
-  PTRAIN_CHECK(dataset_, "recommender trainer: buildModel() before setup()");
+  PTRAIN_CHECK(dataset_ || files_, "recommender trainer: buildModel() before setup()");
   auto model = std::make_shared<RecsysModel>(config_, build);
   built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
   built_.push_back(model);
@@ -405,7 +478,7 @@ std::shared_ptr<StagedModel> RecommenderTrainer::buildModel(const ModelBuild& bu
 }
 
 std::optional<plan::MemoryEstimate> RecommenderTrainer::stageMemory(const plan::Layout& layout, int64_t stage) const {
-  if (!dataset_) return std::nullopt;
+  if (!dataset_ && !files_) return std::nullopt;
   return recsysStageMemory(config_, layout, embedding_optimizer_, pipeline_layout_, eval_size_, stage);
 }
 
@@ -414,8 +487,9 @@ Batch RecommenderTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
 }
 
 Batch RecommenderTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) {
-  PTRAIN_CHECK(dataset_, "recommender trainer: batchRows() before setup()");
+  PTRAIN_CHECK(dataset_ || files_, "recommender trainer: batchRows() before setup()");
   // Sample i of step s is sample s * global + i of the training stream.
+  if (files_) return files_->trainRows(step * globalBatchSize + begin, end - begin);
   return dataset_->batch(ClicksSplit::kTrain, step * globalBatchSize + begin, end - begin);
 }
 
@@ -435,14 +509,16 @@ RecsysModel& RecommenderTrainer::ownModel(StagedModel& model) {
 }
 
 std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
-  PTRAIN_CHECK(dataset_, "recommender trainer: evaluate() before setup()");
+  PTRAIN_CHECK(dataset_ || files_, "recommender trainer: evaluate() before setup()");
   PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "recommender trainer: eval shard ",
                ctx.shard, " of ", ctx.num_shards);
   RecsysModel& net = ownModel(model);
   torch::NoGradGuard noGrad;
   if (eval_size_ == 0) return {};
 
-  const int64_t n = eval_size_;
+  // From files: the first eval_size records of the validation file (all when it holds fewer).
+  const int64_t n = files_ ? std::min(eval_size_, files_->validationRecords()) : eval_size_;
+  if (n == 0) return {};
   const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
   const int64_t tp = net.tpSize();
   // The same on every rank (the largest shard's, at most kEvalChunk),
@@ -466,7 +542,9 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
     const int64_t first = begin + k * chunk;
     const bool real = first < end;
     // Always a whole chunk (tp divides it); rows past `end` are not counted.
-    Batch batch = dataset_->batch(ClicksSplit::kValidation, real ? first : 0, chunk).to(ctx.device);
+    Batch batch = (files_ ? files_->validationRows(real ? first : 0, chunk)
+                          : dataset_->batch(ClicksSplit::kValidation, real ? first : 0, chunk))
+                      .to(ctx.device);
     at::Tensor hidden = model.forwardHidden(batch);
     at::Tensor probs;
     if (model.holdsHead()) {
@@ -492,6 +570,8 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
   } catch (const std::invalid_argument&) {
     // One class only in a tiny evaluation set: AUC is not defined.
   }
+  // Files have no hidden model, so no best_auc / best_logloss.
+  if (!dataset_) return out;
   const datasets::ClicksBestScores& best = bestScores();
   out["best_auc"] = best.auc;
   out["best_logloss"] = best.logloss;
@@ -522,11 +602,88 @@ TrainSummary RecommenderTrainer::train(TrainingSession& session) {
     options.optimizer->sparse_lr = embedding_lr_;
     options.optimizer->sparse_weight_decay = embedding_weight_decay_;
   }
-  if (session.isRankZero()) {
+  if (session.isRankZero() && dataset_) {
     logger()->info("{}", datasets::clicksBestScoresLine(bestScores()));
     logger()->info("{}", datasets::clicksTermAblationLine(bestScores()));
+  } else if (session.isRankZero()) {
+    logger()->info("recommender: no ground-truth AUC or logloss for data from files (only the built-in clicks have "
+                   "a hidden model); evaluation reports the model's eval_auc and eval_logloss");
   }
   return defaultTrainingLoop(session, *this, options);
+}
+
+nlohmann::json RecommenderTrainer::dataPosition(int64_t step, int64_t globalBatchSize) const {
+  if (!files_) return nullptr;
+  return files_->position(step * globalBatchSize);
+}
+
+std::optional<std::string> RecommenderTrainer::checkDataPosition(const nlohmann::json& saved, int64_t step,
+                                                                 int64_t globalBatchSize) const {
+  if (!files_) {
+    if (!saved.is_null()) {
+      return std::string("the checkpoint's run read files (data.name: criteo), this one the built-in clicks: "
+                         "resuming would not continue the same samples; start a new run with checkpoint.load");
+    }
+    return std::nullopt;
+  }
+  if (auto why = files_->differs(saved)) return why;
+  const int64_t consumed = step * globalBatchSize;
+  if (saved.value("consumed_samples", consumed) != consumed) {
+    return "the checkpoint consumed " + std::to_string(saved.value("consumed_samples", int64_t{0})) +
+           " samples but step " + std::to_string(step) + " x global batch " + std::to_string(globalBatchSize) +
+           " is " + std::to_string(consumed) + " (train.global_batch_size changed): resuming would not continue "
+           "where it stopped; set it back, or start a new run with checkpoint.load";
+  }
+  return std::nullopt;
+}
+
+void RecommenderTrainer::exportData(const std::string& name, const std::string& out, int64_t train,
+                                    int64_t validation) const {
+  if (name != "clicks") Trainer::exportData(name, out, train, validation);
+  if (!dataset_) {
+    throw ConfigError("ptrain data export clicks: the recipe reads files (data.name: criteo); export with the "
+                      "recipe of the built-in clicks (data.name: clicks) whose samples you want");
+  }
+  const int64_t trainSamples = train > 0 ? train : default_export_samples_;
+  const int64_t validationSamples = validation > 0 ? validation : eval_size_;
+  const std::string validationOut = validationPathFor(out);
+  std::vector<std::pair<std::string, int64_t>> outputs = {{out, trainSamples}};
+  if (validationSamples > 0) outputs.emplace_back(validationOut, validationSamples);
+  for (const auto& [path, n] : outputs) {
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      throw ConfigError(path + ": exists; ptrain data export never overwrites a file: remove it, or choose another "
+                               "OUT (the validation file is OUT with \"train\" replaced by \"validation\", or "
+                               "BASE.validation.tsv[.gz])");
+    }
+  }
+  const bool gzip = out.size() > 3 && out.compare(out.size() - 3, 3, ".gz") == 0;
+  // OUT's folder, as `ptrain data prepare` makes its own (data/clicks_train.tsv.gz).
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  std::error_code made;
+  if (!parent.empty()) std::filesystem::create_directories(parent, made);
+  std::vector<uintmax_t> bytes;
+  for (size_t f = 0; f < outputs.size(); ++f) {
+    datasets::CriteoWriterOptions o;
+    o.gzip = gzip;
+    o.history_length = config_.history_length;
+    datasets::CriteoWriter writer(outputs[f].first, o);
+    const ClicksSplit split = f == 0 ? ClicksSplit::kTrain : ClicksSplit::kValidation;
+    for (int64_t i = 0; i < outputs[f].second; ++i) writer.writeSample(dataset_->sample(split, i));
+    writer.commit();
+    bytes.push_back(std::filesystem::file_size(outputs[f].first));
+  }
+  std::string line = "clicks: " + std::to_string(trainSamples) + " training samples to " + out + " (" +
+                     std::to_string(bytes[0]) + " bytes)";
+  if (outputs.size() > 1) {
+    line += ", " + std::to_string(validationSamples) + " validation samples to " + validationOut + " (" +
+            std::to_string(bytes[1]) + " bytes)";
+  } else {
+    line += ", no validation samples (data.eval_size is 0)";
+  }
+  std::printf("%s\n", (line + "; Criteo TSV with " + std::to_string(config_.history_length) +
+                        " history columns").c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace ptrain::recommender

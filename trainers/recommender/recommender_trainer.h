@@ -16,6 +16,16 @@
 // data.click_rate, data.world_seed, data.eval_size; train.seed seeds the
 // training samples.
 //
+// Data from files (data.name: criteo, click_files.h): data.path, the training
+// TSV (plain or .gz), data.validation_path, data.shuffle, data.shuffle_block;
+// the tables, history length and eval_size as above. The generator's
+// keys are refused there, the files' keys with the generator. The files'
+// index (FILE.ptrain-index) is built by the first setup() that opens them:
+// `ptrain run` sets the recipe up once in the launcher before it starts the
+// workers (and `ptrain check` does the same), so the workers load a finished
+// index; workers started by another launcher may each build it, which
+// CriteoDataset makes safe (each renames a whole, equal file into place).
+//
 // Thread-safety: one thread at a time, like every trainer.
 #pragma once
 
@@ -25,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "click_files.h"
 #include "ptrain/datasets/clicks.h"
 #include "ptrain/engine/trainer.h"
 #include "recsys_model.h"
@@ -68,7 +79,24 @@ class RecommenderTrainer : public Trainer {
   // (model.embedding_optimizer) set on its options.
   TrainSummary train(TrainingSession& session) override;
 
+  // {"clicks"}: the generator's samples as Criteo TSV (with ptrain's history
+  // columns), which data.name: criteo with data.shuffle: false reads back as
+  // the same batches. exportData writes training samples 0..train-1 to `out`
+  // (gzip when it ends in .gz) and validation samples 0..validation-1 to
+  // validationPathFor(out) (0: train.steps x global_batch_size, data.eval_size),
+  // prints one line with the counts and bytes, and refuses (ConfigError) an
+  // existing file, a recipe that reads files, and another name.
+  std::vector<std::string> exportableData() const override { return {"clicks"}; }
+  void exportData(const std::string& name, const std::string& out, int64_t train, int64_t validation) const override;
+  // Files only (null for the generator): ClickFiles::position / differs.
+  nlohmann::json dataPosition(int64_t step, int64_t globalBatchSize) const override;
+  std::optional<std::string> checkDataPosition(const nlohmann::json& saved, int64_t step,
+                                               int64_t globalBatchSize) const override;
+  // The files of data.name: criteo, or null for the generator.
+  const ClickFiles* files() const { return files_.get(); }
+
   const RecsysConfig& modelConfig() const { return config_; }
+  // The generator; setup() with data.name: clicks first.
   const datasets::ClicksDataset& dataset() const { return *dataset_; }
   const RecsysFootprint& footprint() const { return footprint_; }
   // The planner's memory per rank of a stage (recsysStageMemory).
@@ -83,7 +111,9 @@ class RecommenderTrainer : public Trainer {
 
   int rank_ = 0;
   RecsysConfig config_;
-  std::unique_ptr<datasets::ClicksDataset> dataset_;
+  std::unique_ptr<datasets::ClicksDataset> dataset_;  // data.name: clicks
+  std::unique_ptr<ClickFiles> files_;                 // data.name: criteo
+  int64_t default_export_samples_ = 0;                // train.steps x global_batch_size
   std::optional<datasets::ClicksBestScores> best_;
   int64_t eval_size_ = 0;
   bool term_fit_ = false;                   // data.term_fit

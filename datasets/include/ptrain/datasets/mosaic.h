@@ -10,7 +10,8 @@
 // in training appears in validation.
 //
 // A canvas (mosaicSample):
-//   - pixels: float32 [1, canvas, canvas] in [0, 1] (the IDX byte / 255);
+//   - pixels: 8-bit levels (mosaicCanvas), given to the model as float32
+//     [1, canvas, canvas] in [0, 1] (level / 255, a division, so 255 is 1);
 //     background 0, as in Fashion-MNIST itself (light item on black).
 //   - n items, n uniform in [min_items, max_items]. Item k is a source image
 //     scaled to S x S pixels, S = round(28 * u), u uniform in [min_scale,
@@ -25,8 +26,12 @@
 //     has IoU <= max_iou with every box already placed; an item that never
 //     fits is dropped. The first item always fits (the canvas is at least
 //     S wide), so every canvas holds at least one box.
-//   - compositing: per-pixel max, so an item never darkens another and every
-//     box keeps its own foreground pixels.
+//   - compositing: per-pixel max of the items' levels, each rounded half up
+//     to a byte (floor(v + 0.5), clamped to 255) as a stored image would
+//     hold it; so an item never darkens another, every box keeps its own
+//     foreground pixels, and a canvas written as an 8-bit PNG reads back
+//     exactly (ptrain data export mosaic). The boxes are found on the
+//     unrounded levels (above kMosaicForegroundLevel).
 //
 // Boxes are COCO's xywh in whole pixels: the box covers columns [x, x + width)
 // and rows [y, y + height); area = width * height. Class ids are
@@ -122,8 +127,19 @@ struct MosaicBox {
   double scale = 1;                              // S / 28, the effective scale of the item
 };
 
+// A canvas as stored: side * side bytes, row-major (the 0-255 levels).
+struct MosaicCanvas {
+  int64_t side = 0;
+  std::vector<uint8_t> pixels;
+  std::vector<MosaicBox> boxes;   // 1..max_items, in the order the items were placed
+};
+
+// Canvas `index` (>= 0) of `split` as bytes; mosaicSample's image is these
+// levels / 255. Throws as mosaicSample.
+MosaicCanvas mosaicCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index);
+
 struct MosaicSample {
-  at::Tensor image;               // [1, canvas, canvas] float32 in [0, 1]
+  at::Tensor image;               // [1, canvas, canvas] float32: the canvas's bytes / 255
   std::vector<MosaicBox> boxes;   // 1..max_items, in the order the items were placed
 };
 
