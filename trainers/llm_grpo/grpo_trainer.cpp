@@ -144,6 +144,10 @@ void GrpoTrainer::describeKeys(Schema& schema) const {
 void GrpoTrainer::setup(const Recipe& recipe) {
   LlmTrainer::setup(recipe);
   const llm::GptConfig& c = modelConfig();
+  if (corpus() != nullptr) {
+    recipe.fail("data.name", "megatron: the GRPO trainer samples responses to prompts and rewards their answers; use "
+                             "arithmetic or prompts (JSONL of prompt and answer)");
+  }
 
   if (recipe.getInt("parallel.pipeline_model_parallel_size") != 1) {
     recipe.fail("parallel.pipeline_model_parallel_size",
