@@ -208,8 +208,14 @@ Batch ArithmeticDataset::trainRows(int64_t step, int64_t begin, int64_t end) con
 }
 
 Batch ArithmeticDataset::batchOf(const std::vector<ArithmeticProblem>& problems) const {
+  std::vector<std::pair<std::string, std::string>> texts;
+  texts.reserve(problems.size());
+  for (const auto& p : problems) texts.emplace_back(p.prompt(), p.answer());
+  return promptAnswerBatch(texts, options_.seq_length);
+}
+
+Batch promptAnswerBatch(const std::vector<std::pair<std::string, std::string>>& problems, int64_t len) {
   const int64_t rows = static_cast<int64_t>(problems.size());
-  const int64_t len = options_.seq_length;
   at::Tensor tokens = torch::full({rows, len}, ArithmeticTokenizer::kPad, torch::kInt64);
   at::Tensor targets = torch::full({rows, len}, ArithmeticTokenizer::kPad, torch::kInt64);
   at::Tensor mask = torch::zeros({rows, len}, torch::kFloat32);
@@ -217,15 +223,16 @@ Batch ArithmeticDataset::batchOf(const std::vector<ArithmeticProblem>& problems)
   int64_t* tgt = targets.data_ptr<int64_t>();
   float* msk = mask.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    const ArithmeticProblem& p = problems[static_cast<size_t>(r)];
-    const std::vector<int64_t> ids = p.tokens();
+    const auto& [prompt, answer] = problems[static_cast<size_t>(r)];
+    std::vector<int64_t> ids = ArithmeticTokenizer::encode(prompt + answer);
+    ids.push_back(ArithmeticTokenizer::kEos);
     const int64_t n = static_cast<int64_t>(ids.size());
-    PTRAIN_CHECK(n <= len + 1, "arithmetic dataset: problem \"", p.text(), "\" takes ", n,
+    PTRAIN_CHECK(n <= len + 1, "arithmetic dataset: problem \"", prompt, answer, "\" takes ", n,
                  " tokens, more than seq_length + 1 = ", len + 1);
     // The row is ids padded to len + 1; inputs are its first len entries,
     // targets its last len. Answer tokens (and EOS) sit at [promptLen, n) of
     // the row, so at target positions [promptLen - 1, n - 1).
-    const int64_t promptLen = static_cast<int64_t>(p.prompt().size());
+    const int64_t promptLen = static_cast<int64_t>(prompt.size());
     for (int64_t t = 0; t < n; ++t) {
       if (t < len) tok[r * len + t] = ids[t];
       if (t >= 1) tgt[r * len + t - 1] = ids[t];

@@ -1,6 +1,7 @@
 // ClicksDataset::batch: the samples as cpu tensors. Apart from clicks.cpp so
 // that the generator itself needs no torch.
 #include "ptrain/datasets/clicks.h"
+#include "ptrain/datasets/clicks_batch.h"
 
 #include "ptrain/engine/batch.h"
 
@@ -46,16 +47,23 @@ Batch ClicksDataset::batch(ClicksSplit split, int64_t first, int64_t count) cons
       }
     }
   });
-  Batch b;
-  b.tensors.emplace("sparse", sparse);
-  b.tensors.emplace("dense", dense);
-  b.tensors.emplace("history", history);
-  b.tensors.emplace("history_lengths", lengths);
-  b.tensors.emplace("history_mask", history.ge(0).to(torch::kFloat32));
-  b.tensors.emplace("item_categories", sparse.select(1, options_.category_feature).contiguous());
-  b.tensors.emplace("user_interests", sparse.select(1, options_.interest_feature).contiguous());
-  b.tensors.emplace("labels", labels);
+  Batch b = clicksBatchOf(sparse, dense, history, lengths, labels, options_.category_feature,
+                          options_.interest_feature);
   b.tensors.emplace("probabilities", probabilities);
+  return b;
+}
+
+Batch clicksBatchOf(at::Tensor sparse, at::Tensor dense, at::Tensor history, at::Tensor lengths, at::Tensor labels,
+                    int64_t category_feature, int64_t interest_feature) {
+  Batch b;
+  b.tensors.emplace("history_mask", history.ge(0).to(torch::kFloat32));
+  b.tensors.emplace("item_categories", sparse.select(1, category_feature).contiguous());
+  b.tensors.emplace("user_interests", sparse.select(1, interest_feature).contiguous());
+  b.tensors.emplace("sparse", std::move(sparse));
+  b.tensors.emplace("dense", std::move(dense));
+  b.tensors.emplace("history", std::move(history));
+  b.tensors.emplace("history_lengths", std::move(lengths));
+  b.tensors.emplace("labels", std::move(labels));
   return b;
 }
 

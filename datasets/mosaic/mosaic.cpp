@@ -196,7 +196,7 @@ Canvas drawCanvas(const MosaicOptions& options, MosaicSplit split, int64_t index
 }
 
 // Bytes to the 0-1 scale: divided rather than multiplied by 1/255, so 255 is
-// exactly 1; the detection trainer's file source divides the same way.
+// exactly 1.
 void bytesToUnit(const std::vector<uint8_t>& bytes, float* out) {
   for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<float>(bytes[i]) / 255.0f;
 }
@@ -321,36 +321,46 @@ MosaicSample mosaicSample(const MosaicOptions& options, MosaicSplit split, int64
 Batch mosaicBatch(const MosaicOptions& options, MosaicSplit split, int64_t first, int64_t count) {
   PTRAIN_CHECK(first >= 0 && count >= 0, "mosaic dataset: batch of ", count, " canvases from ", first,
                " (both must be >= 0)");
-  const int64_t side = options.canvas;
-  const int64_t slots = options.max_items;
-  at::Tensor images = torch::empty({count, 1, side, side}, torch::kFloat32);
-  at::Tensor boxes = torch::zeros({count, slots, 4}, torch::kFloat32);
-  at::Tensor labels = torch::full({count, slots}, -1, torch::kInt64);
-  at::Tensor counts = torch::empty({count}, torch::kInt64);
-  float* img = images.data_ptr<float>();
-  float* box = boxes.data_ptr<float>();
-  int64_t* lab = labels.data_ptr<int64_t>();
-  int64_t* cnt = counts.data_ptr<int64_t>();
+  DetectionBatchWriter writer(count, options.canvas, options.max_items);
   for (int64_t r = 0; r < count; ++r) {
     const Canvas canvas = drawCanvas(options, split, first + r);
-    bytesToUnit(canvas.pixels, img + r * side * side);
-    const int64_t n = static_cast<int64_t>(canvas.boxes.size());
-    cnt[r] = n;
-    for (int64_t k = 0; k < n; ++k) {
-      const MosaicBox& b = canvas.boxes[static_cast<size_t>(k)];
-      float* row = box + (r * slots + k) * 4;
-      row[0] = static_cast<float>(b.x);
-      row[1] = static_cast<float>(b.y);
-      row[2] = static_cast<float>(b.width);
-      row[3] = static_cast<float>(b.height);
-      lab[r * slots + k] = b.label;
-    }
+    writer.setRow(r, canvas.pixels, canvas.boxes);
   }
+  return writer.finish();
+}
+
+DetectionBatchWriter::DetectionBatchWriter(int64_t count, int64_t side, int64_t slots)
+    : side_(side),
+      slots_(slots),
+      images_(torch::empty({count, 1, side, side}, torch::kFloat32)),
+      boxes_(torch::zeros({count, slots, 4}, torch::kFloat32)),
+      labels_(torch::full({count, slots}, -1, torch::kInt64)),
+      counts_(torch::zeros({count}, torch::kInt64)) {}
+
+void DetectionBatchWriter::setPixels(int64_t r, const std::vector<uint8_t>& pixels) {
+  PTRAIN_CHECK(static_cast<int64_t>(pixels.size()) == side_ * side_, "detection batch: row ", r, " has ",
+               pixels.size(), " pixels, not ", side_ * side_);
+  bytesToUnit(pixels, images_.data_ptr<float>() + r * side_ * side_);
+}
+
+void DetectionBatchWriter::setBox(int64_t r, int64_t k, int64_t x, int64_t y, int64_t width, int64_t height,
+                                  int64_t label) {
+  float* row = boxes_.data_ptr<float>() + (r * slots_ + k) * 4;
+  row[0] = static_cast<float>(x);
+  row[1] = static_cast<float>(y);
+  row[2] = static_cast<float>(width);
+  row[3] = static_cast<float>(height);
+  labels_.data_ptr<int64_t>()[r * slots_ + k] = label;
+}
+
+void DetectionBatchWriter::setCount(int64_t r, int64_t n) { counts_.data_ptr<int64_t>()[r] = n; }
+
+Batch DetectionBatchWriter::finish() {
   Batch batch;
-  batch.tensors.emplace("images", images);
-  batch.tensors.emplace("boxes", boxes);
-  batch.tensors.emplace("labels", labels);
-  batch.tensors.emplace("box_counts", counts);
+  batch.tensors.emplace("images", images_);
+  batch.tensors.emplace("boxes", boxes_);
+  batch.tensors.emplace("labels", labels_);
+  batch.tensors.emplace("box_counts", counts_);
   return batch;
 }
 

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "ptrain/core/error.h"
+#include "ptrain/datasets/mosaic.h"
 #include "ptrain/datasets/splitmix.h"
 
 namespace fs = std::filesystem;
@@ -99,53 +100,20 @@ int64_t CocoSource::trainIndex(int64_t sample) {
   if (it == permutations_.end()) {
     // A batch spans at most two epochs: keep the latest two.
     while (permutations_.size() >= 2) permutations_.erase(permutations_.begin());
-    std::vector<int64_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), int64_t{0});
-    datasets::SplitMix64 rng(datasets::combine(datasets::mix64(options_.seed + datasets::kSplitMixGolden),
-                                               static_cast<uint64_t>(epoch)));
-    for (int64_t i = n - 1; i > 0; --i) {
-      std::swap(order[static_cast<size_t>(i)], order[rng.below(static_cast<uint64_t>(i + 1))]);
-    }
-    it = permutations_.emplace(epoch, std::move(order)).first;
+    it = permutations_.emplace(epoch, datasets::epochPermutation(n, options_.seed, epoch)).first;
   }
   return it->second[static_cast<size_t>(position)];
 }
 
 Batch CocoSource::rows(const datasets::CocoDataset& data, const std::vector<int64_t>& indices) const {
   const int64_t count = static_cast<int64_t>(indices.size());
-  const int64_t side = options_.canvas;
-  at::Tensor images = torch::empty({count, 1, side, side}, torch::kFloat32);
-  at::Tensor boxes = torch::zeros({count, slots_, 4}, torch::kFloat32);
-  at::Tensor labels = torch::full({count, slots_}, -1, torch::kInt64);
-  at::Tensor counts = torch::empty({count}, torch::kInt64);
-  float* img = images.data_ptr<float>();
-  float* box = boxes.data_ptr<float>();
-  int64_t* lab = labels.data_ptr<int64_t>();
-  int64_t* cnt = counts.data_ptr<int64_t>();
+  // The generator's own layout (mosaic.h), so equal bytes give equal batches.
+  datasets::DetectionBatchWriter writer(count, options_.canvas, slots_);
   for (int64_t r = 0; r < count; ++r) {
-    const datasets::CocoSample s = data.sample(indices[static_cast<size_t>(r)], side, 1);
-    // Levels / 255, divided as the mosaic generator divides, so equal bytes
-    // give equal floats.
-    float* out = img + r * side * side;
-    for (size_t p = 0; p < s.canvas.pixels.size(); ++p) out[p] = static_cast<float>(s.canvas.pixels[p]) / 255.0f;
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.canvas.boxes.size()), slots_);
-    cnt[r] = n;
-    for (int64_t k = 0; k < n; ++k) {
-      const datasets::CanvasBox& b = s.canvas.boxes[static_cast<size_t>(k)];
-      float* row = box + (r * slots_ + k) * 4;
-      row[0] = static_cast<float>(b.x);
-      row[1] = static_cast<float>(b.y);
-      row[2] = static_cast<float>(b.width);
-      row[3] = static_cast<float>(b.height);
-      lab[r * slots_ + k] = b.label;
-    }
+    const datasets::CocoSample s = data.sample(indices[static_cast<size_t>(r)], options_.canvas, 1);
+    writer.setRow(r, s.canvas.pixels, s.canvas.boxes);
   }
-  Batch batch;
-  batch.tensors.emplace("images", images);
-  batch.tensors.emplace("boxes", boxes);
-  batch.tensors.emplace("labels", labels);
-  batch.tensors.emplace("box_counts", counts);
-  return batch;
+  return writer.finish();
 }
 
 Batch CocoSource::trainRows(int64_t first, int64_t count) {

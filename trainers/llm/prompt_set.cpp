@@ -72,18 +72,12 @@ nlohmann::json PromptSet::stamp() const {
 int64_t promptOrder(int64_t index, int64_t size, bool shuffle, uint64_t seed) {
   const int64_t epoch = index / size, pos = index % size;
   if (!shuffle) return pos;
-  // Fisher-Yates over [0, size) from the epoch's own stream: O(size), the
-  // set is in memory anyway; cached for the last epoch asked.
+  // The set is in memory anyway; the last epoch asked is kept.
   thread_local std::vector<int64_t> order;
   thread_local int64_t cachedEpoch = -1, cachedSize = -1;
   thread_local uint64_t cachedSeed = 0;
   if (cachedEpoch != epoch || cachedSize != size || cachedSeed != seed) {
-    order.resize(static_cast<size_t>(size));
-    std::iota(order.begin(), order.end(), 0);
-    datasets::SplitMix64 rng(datasets::combine(datasets::mix64(seed), static_cast<uint64_t>(epoch)));
-    for (int64_t i = size - 1; i > 0; --i) {
-      std::swap(order[static_cast<size_t>(i)], order[rng.below(static_cast<uint64_t>(i + 1))]);
-    }
+    order = datasets::epochPermutation(size, seed, epoch);
     cachedEpoch = epoch;
     cachedSize = size;
     cachedSeed = seed;
@@ -92,31 +86,10 @@ int64_t promptOrder(int64_t index, int64_t size, bool shuffle, uint64_t seed) {
 }
 
 Batch promptBatch(const std::vector<PromptAnswer>& items, int64_t len) {
-  const int64_t rows = static_cast<int64_t>(items.size());
-  at::Tensor tokens = torch::full({rows, len}, ArithmeticTokenizer::kPad, torch::kInt64);
-  at::Tensor targets = torch::full({rows, len}, ArithmeticTokenizer::kPad, torch::kInt64);
-  at::Tensor mask = torch::zeros({rows, len}, torch::kFloat32);
-  int64_t* tok = tokens.data_ptr<int64_t>();
-  int64_t* tgt = targets.data_ptr<int64_t>();
-  float* msk = mask.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const PromptAnswer& p = items[static_cast<size_t>(r)];
-    std::vector<int64_t> ids = ArithmeticTokenizer::encode(p.prompt + p.answer);
-    ids.push_back(ArithmeticTokenizer::kEos);
-    const int64_t n = static_cast<int64_t>(ids.size());
-    PTRAIN_CHECK(n <= len + 1, "prompt set: \"", p.prompt, p.answer, "\" takes ", n, " tokens, more than seq_length + 1");
-    const int64_t promptLen = static_cast<int64_t>(p.prompt.size());
-    for (int64_t t = 0; t < n; ++t) {
-      if (t < len) tok[r * len + t] = ids[static_cast<size_t>(t)];
-      if (t >= 1) tgt[r * len + t - 1] = ids[static_cast<size_t>(t)];
-      if (t >= promptLen) msk[r * len + t - 1] = 1.0f;
-    }
-  }
-  Batch batch;
-  batch.tensors.emplace("tokens", tokens);
-  batch.tensors.emplace("targets", targets);
-  batch.tensors.emplace("loss_mask", mask);
-  return batch;
+  std::vector<std::pair<std::string, std::string>> texts;
+  texts.reserve(items.size());
+  for (const auto& p : items) texts.emplace_back(p.prompt, p.answer);
+  return datasets::promptAnswerBatch(texts, len);
 }
 
 }  // namespace ptrain::llm

@@ -1,5 +1,7 @@
 #include "click_files.h"
 
+#include "ptrain/datasets/clicks_batch.h"
+
 #include <torch/torch.h>
 
 #include <sys/stat.h>
@@ -213,16 +215,9 @@ Batch ClickFiles::read(const datasets::CriteoDataset& file, const std::vector<in
     }
     i = j;
   }
-  Batch b;
-  b.tensors.emplace("sparse", sparse);
-  b.tensors.emplace("dense", dense);
-  b.tensors.emplace("history", history);
-  b.tensors.emplace("history_lengths", lengths);
-  b.tensors.emplace("history_mask", history.ge(0).to(torch::kFloat32));
-  b.tensors.emplace("item_categories", sparse.select(1, options_.category_feature).contiguous());
-  b.tensors.emplace("user_interests", sparse.select(1, options_.interest_feature).contiguous());
-  b.tensors.emplace("labels", labels);
-  return b;
+  // The generator's own layout (clicks_batch.h), so equal samples give equal batches.
+  return datasets::clicksBatchOf(sparse, dense, history, lengths, labels, options_.category_feature,
+                                 options_.interest_feature);
 }
 
 json ClickFiles::position(int64_t consumed) const {

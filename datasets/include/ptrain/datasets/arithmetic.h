@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ptrain/core/error.h"
@@ -134,5 +135,12 @@ class ArithmeticDataset {
 
   ArithmeticOptions options_;
 };
+
+// Problems given as text (prompt, answer) laid out as trainBatch() lays out
+// its own: tokens / targets [rows, seq_length] and loss_mask on the answer and
+// its EOS. The one layout of every source of problems (the generator, a
+// user's JSONL). Throws InternalError for a character outside the vocabulary
+// or a problem longer than seq_length + 1 tokens (callers check both first).
+Batch promptAnswerBatch(const std::vector<std::pair<std::string, std::string>>& problems, int64_t seq_length);
 
 }  // namespace ptrain::datasets

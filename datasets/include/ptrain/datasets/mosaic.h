@@ -51,6 +51,7 @@
 // Linked statically into the trainers that use it (ptrain_datasets).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -153,6 +154,38 @@ MosaicSample mosaicSample(const MosaicOptions& options, MosaicSplit split, int64
 //   "labels"     [count, max_items] int64 0-9, -1 past box_counts
 //   "box_counts" [count] int64
 Batch mosaicBatch(const MosaicOptions& options, MosaicSplit split, int64_t first, int64_t count);
+
+// The detection trainer's batch layout (mosaicBatch's tensors), filled row by
+// row by every source of canvases (the generator, COCO files), so that equal
+// bytes and boxes give equal batches: pixels as byte / 255 (divided, so 255
+// is exactly 1), up to `slots` boxes a row (xywh as float, labels, -1 past
+// the row's count). One thread.
+class DetectionBatchWriter {
+ public:
+  DetectionBatchWriter(int64_t count, int64_t side, int64_t slots);
+  // Row r: side * side bytes, and its boxes (anything with x, y, width,
+  // height and label: MosaicBox, CocoDataset's CanvasBox); boxes past
+  // `slots` are left out.
+  template <typename Box>
+  void setRow(int64_t r, const std::vector<uint8_t>& pixels, const std::vector<Box>& rowBoxes) {
+    setPixels(r, pixels);
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(rowBoxes.size()), slots_);
+    for (int64_t k = 0; k < n; ++k) {
+      const Box& b = rowBoxes[static_cast<size_t>(k)];
+      setBox(r, k, b.x, b.y, b.width, b.height, b.label);
+    }
+    setCount(r, n);
+  }
+  // "images", "boxes", "labels", "box_counts".
+  Batch finish();
+
+ private:
+  void setPixels(int64_t r, const std::vector<uint8_t>& pixels);
+  void setBox(int64_t r, int64_t k, int64_t x, int64_t y, int64_t width, int64_t height, int64_t label);
+  void setCount(int64_t r, int64_t n);
+  int64_t side_, slots_;
+  at::Tensor images_, boxes_, labels_, counts_;
+};
 
 // A 28x28 image scaled to size x size as the canvases scale their items
 // (bilinear, half-pixel centres, edges clamped), row-major, on the 0-255 scale.

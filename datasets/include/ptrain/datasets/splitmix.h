@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
 
 namespace ptrain::datasets {
 
@@ -40,5 +43,18 @@ class SplitMix64 {
  private:
   uint64_t state_;
 };
+
+// Epoch `epoch`'s order of n records (a file source shuffled per epoch): a
+// permutation of 0..n-1 by Fisher-Yates from the stream of hash(seed, epoch),
+// the same on every rank. O(n) time and memory.
+inline std::vector<int64_t> epochPermutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  SplitMix64 rng(combine(mix64(seed + kSplitMixGolden), static_cast<uint64_t>(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::swap(order[static_cast<size_t>(i)], order[rng.below(static_cast<uint64_t>(i + 1))]);
+  }
+  return order;
+}
 
 }  // namespace ptrain::datasets
