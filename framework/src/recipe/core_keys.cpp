@@ -144,8 +144,10 @@ void describeCoreKeys(Schema& s) {
   s.add(key("checkpoint.save_final", T::kBool, "true", "Save a checkpoint after the last step."));
 
   s.add(key("checkpoint.load", T::kString, "",
-            "Start from the weights of another run: a run folder (its newest step), runs/NAME (its newest run), "
-            "or a step folder RUN/checkpoints/step_N; any layout or precision, each rank reading only its slices; "
+            "Start from weights only: another run's folder (its newest step), runs/NAME (its newest run), a step "
+            "folder RUN/checkpoints/step_N, a safetensors state dict under the model's names, or a Hugging Face "
+            "folder the trainer reads (the llm trainer: GPT-2); any layout or precision, each rank reading only its "
+            "slices; "
             "the optimizer and the data position start fresh. A resumed run (--resume) continues from its own "
             "checkpoint instead. Not set: fresh weights."));
   s.add(key("checkpoint.on_signal", T::kStringList, "[SIGTERM, SIGUSR1]",
