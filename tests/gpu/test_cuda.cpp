@@ -16,7 +16,7 @@
 #include <map>
 #include <string>
 
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "ptrain/engine/optimizer.h"
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/fused.h"

@@ -189,10 +189,10 @@ TEST(CliCheck, PrecisionSettingsThatCannotWorkOneLineEach) {
                  {"ptrain: <command line>: precision.loss_scale_window: 0 is out of range; use a value >= 1",
                   "ptrain: <command line>: precision.loss_scale: -1 is out of range; use a value >= 0"});
   expectProblems({ok, "precision.name=bf16", "precision.hysteresis=4", "precision.fp16_lm_cross_entropy=true"},
-                 {"ptrain: <command line>: precision.hysteresis: applies to fp16 only, and precision.name is bf16; "
-                  "remove it or set precision.name: fp16",
-                  "ptrain: <command line>: precision.fp16_lm_cross_entropy: applies to fp16 only, and precision.name "
-                  "is bf16; remove it or set precision.name: fp16"});
+                 {"ptrain: <command line>: precision.hysteresis: applies to plugin precision/fp16 only, and "
+                  "precision.name is bf16; remove it or set precision.name: fp16",
+                  "ptrain: <command line>: precision.fp16_lm_cross_entropy: applies to plugin precision/fp16 only, "
+                  "and precision.name is bf16; remove it or set precision.name: fp16"});
   test::ProcessResult r = runPtrain({"check", ok, "precision.name=fp61"}, {}, 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   ASSERT_EQ(lines(r.output).size(), 1u) << r.output;
@@ -211,13 +211,54 @@ TEST(CliCheck, PrecisionSettingsThatCannotWorkOneLineEach) {
   }
 }
 
+// A plugin declares its own keys: checked and listed (under its name) where
+// a recipe uses the plugin, refused with the plugin's name where it does not.
+// precision/fp16 is built in; parallel/echo (a fixture executing cp) stands
+// for a third party's plugin found on PTRAIN_PLUGIN_PATH.
+TEST(CliKeys, APluginsKeysAreCheckedWhereItIsUsedAndRefusedElsewhere) {
+  test::ProcessResult r = runPtrain({"keys"}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t fp16 = r.output.find("keys of plugin precision/fp16:");
+  ASSERT_NE(fp16, std::string::npos) << r.output;
+  EXPECT_GT(r.output.find("precision.loss_scale ", fp16), fp16) << r.output;
+  EXPECT_NE(r.output.find("keys of plugin offload/tiered:"), std::string::npos) << r.output;
+  // Not among the core's keys, before the plugins' own lines.
+  EXPECT_GT(r.output.find("precision.loss_scale "), fp16) << r.output;
+
+  const std::string echo = "PTRAIN_PLUGIN_PATH=" + std::string(PTRAIN_FIXTURE_DIR) + "/parallel_echo";
+  r = runPtrain({"keys"}, {echo}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t echoKeys = r.output.find("keys of plugin parallel/echo:");
+  ASSERT_NE(echoKeys, std::string::npos) << r.output;
+  EXPECT_GT(r.output.find("parallel.echo_rounds", echoKeys), echoKeys) << r.output;
+
+  TempDir dir;
+  const std::string ok = dir.write("ok.yaml", kValid);
+  // The layout does not use cp: the key is refused, naming its plugin.
+  r = runPtrain({"check", ok, "parallel.echo_rounds=2"}, {echo}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output),
+            std::vector<std::string>{"ptrain: <command line>: parallel.echo_rounds: applies to plugin parallel/echo "
+                                     "only, which executes cp, and this layout does not use it; remove it, or set "
+                                     "that size above 1"});
+  // Without the plugin installed it is an unknown key.
+  r = runPtrain({"check", ok, "parallel.echo_rounds=2"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.echo_rounds: unknown key"), std::string::npos) << r.output;
+  // Where the layout uses cp, the plugin's key is checked against its own range.
+  r = runPtrain({"check", ok, "parallel.context_parallel_size=2", "parallel.echo_rounds=0"}, {echo}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), std::vector<std::string>{"ptrain: <command line>: parallel.echo_rounds: 0 is out of "
+                                                      "range; use a value >= 1"});
+  expectNoCrashTrace(r.output);
+}
+
 // A layout dimension above 1 runs only if a parallel plugin executes it;
 // `check` and `run` refuse one that no installed plugin does.
 TEST(CliCheck, SizesNoPluginExecutesAreRefused) {
   TempDir dir;
   std::string cp = dir.write("cp.yaml", std::string(kValid) + "parallel:\n  context_parallel_size: 2\n");
-  const std::string line = cp + ":6:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is "
-                                "not installed); set it to 1";
+  const std::string line = cp + ":6:3: context_parallel_size=2: no installed parallel plugin executes cp; set it to 1";
   expectProblems({cp}, {"ptrain: " + line});
   test::ProcessResult r = runPtrain({"run", cp, "trainer.name=llm", "--run-dir", dir.path() + "/run"}, {}, 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -61,7 +61,9 @@ TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
   const nlohmann::json sftEval = nlohmann::json::parse(ptrain::test::readLastEvaluation(sft));
 
   const std::string grpo = tmp.path() + "/grpo";
-  r = runPtrain(grpoArgs(grpo, sft, {}), {}, 300);
+  // The engine's loop runs GRPO too: log.count_ops counts its operators as
+  // for every trainer.
+  r = runPtrain(grpoArgs(grpo, sft, {"log.count_ops=true"}), {}, 300);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto metrics = jsonLines(grpo + "/metrics.jsonl");
   ASSERT_FALSE(metrics.empty());
@@ -81,6 +83,12 @@ TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
                             "timing_s/update_actor", "timing_s/reshard", "perf/throughput"}) {
       EXPECT_TRUE(m.contains(key)) << key << " missing from " << m.dump();
     }
+    // The loop's own fields, as in every trainer's rows.
+    for (const char* key : {"lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_rss_mb"}) {
+      EXPECT_TRUE(m.contains(key)) << key << " missing from " << m.dump();
+    }
+    EXPECT_GT(m.value("aten_ops", 0), 0) << m.dump();
+    EXPECT_GT(m["lr"].get<double>(), 0.0) << m.dump();
   }
   EXPECT_EQ(trainingLines, 2);
   // The actor alone, in shards (rank 0 owns at least its first tensor-parallel slices).

@@ -13,6 +13,7 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/recipe_schema.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
@@ -28,10 +29,9 @@ inline PluginRegistry& registry() {
   return r;
 }
 
+// Checked as `ptrain run` checks it: the core's keys, the trainer's and those
+// of the plugins the recipe uses (fp16's loss scale, offload/tiered's tier).
 inline Recipe llmRecipe(llm::LlmTrainer& trainer, const std::vector<std::string>& overrides) {
-  Schema schema;
-  describeCoreKeys(schema);
-  trainer.describeKeys(schema);
   Recipe recipe = Recipe::fromString(
       "trainer: {name: llm}\n"
       "model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 8}\n"
@@ -39,6 +39,11 @@ inline Recipe llmRecipe(llm::LlmTrainer& trainer, const std::vector<std::string>
       "train: {steps: 3, global_batch_size: 8, seed: 5}\n"
       "optimizer: {lr: 0.003}\n",
       "<test>", overrides);
+  Schema schema;
+  describeCoreKeys(schema);
+  Recipe probe = recipe;
+  probe.validateAll(schema, /*allowUnknown=*/true);
+  addPluginKeys(schema, probe, registry(), &trainer);
   recipe.validate(schema);
   return recipe;
 }

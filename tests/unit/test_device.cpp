@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "support/test_support.h"
 
 using ptrain::ConfigError;

@@ -40,12 +40,12 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/optimizer.h"
-#include "ptrain/engine/parameter_seed.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "ptrain/engine/reshard.h"
 #include "ptrain/engine/runtime.h"
 #include "ptrain/engine/safetensors.h"
+#include "ptrain/engine/tensor_parallel.h"
 #include "ptrain/nn/embedding_tables.h"
-#include "ptrain/nn/tensor_parallel.h"
 #include "ptrain/nn/tp_comm.h"
 #include "ptrain/plugin/registry.h"
 #include "support/test_support.h"
@@ -179,7 +179,9 @@ class TablesModel : public ptrain::StagedModel {
   ptrain::LossOutput head(const at::Tensor&, const ptrain::Batch&) override { return {}; }
   ptrain::TensorParallelPlan tensorParallelPlan() override { return {{{"emb.", root_->emb.get()}}, {}}; }
   void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override {
-    root_->emb->placeShards(placement, "emb.");  // when built sharded
+    // When built sharded: the splits the tables made.
+    const auto& o = root_->emb->options();
+    nn::recordBuiltShards(*this, "emb.", root_->emb->builtShards(), o.shard_count, o.shard_rank);
     state_ = std::move(state);
   }
 
@@ -624,7 +626,8 @@ class RecModel : public ptrain::StagedModel {
   }
   ptrain::TensorParallelPlan tensorParallelPlan() override { return {{{"emb.", emb_.get()}}, {}}; }
   void setTensorParallel(std::shared_ptr<const TensorParallelState> state) override {
-    emb_->placeShards(placement, "emb.");
+    nn::recordBuiltShards(*this, "emb.", emb_->builtShards(), emb_->options().shard_count,
+                          emb_->options().shard_rank);
     state_ = std::move(state);
   }
   // A runtime builds the tables without storage: their rows come from here.

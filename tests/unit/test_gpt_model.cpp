@@ -14,7 +14,7 @@
 #include "../../trainers/llm/gpt_model.h"
 #include "../../trainers/llm/llm_trainer.h"
 #include "ptrain/datasets/arithmetic.h"
-#include "ptrain/nn/tensor_parallel.h"
+#include "ptrain/engine/tensor_parallel.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 
@@ -489,9 +489,13 @@ TEST(LlmTrainer, DescribesTheModelKeysOnlyItReads) {
     EXPECT_FALSE(k->doc.empty()) << e.path;
   }
   EXPECT_EQ(own.find("data.operations")->choices, (std::vector<std::string>{"add", "sub", "mul"}));
-  // The shape keys the layout checks read stay in the core.
-  EXPECT_EQ(own.find("model.num_layers"), nullptr);
-  EXPECT_EQ(own.find("model.hidden_size"), nullptr);
+  // The GPT's shape, MoE, recomputation and fusion keys are the trainer's
+  // too (the SDK's shared groups): the core has no model keys.
+  for (const char* shared : {"model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.seq_length",
+                             "model.num_experts", "model.moe_router_topk", "fusion.bias_gelu"}) {
+    EXPECT_NE(own.find(shared), nullptr) << shared;
+  }
+  EXPECT_EQ(own.find("model.recompute")->choices, (std::vector<std::string>{"none", "selective", "full"}));
 }
 
 TEST(LlmTrainer, KeysAndDerivedShapes) {

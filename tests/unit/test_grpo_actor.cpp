@@ -74,7 +74,7 @@ TEST(GrpoActor, UpdateEqualsTheDirectLossStepOverAnyMicroBatchSplit) {
     for (int64_t micro : {1, 2, 4}) {
       o.micro_batch_size = micro;
       ModelRuntime actor(*comm, registry(), build, llmOptions(recipe, comm->layout(), true));
-      const grpo::ActorStats stats = grpo::updateActor(actor, b, o, 0);
+      const grpo::ActorStats stats = grpo::updateActor(trainer, actor, b, o, 0);
       EXPECT_TRUE(stats.applied);
       for (auto& [name, p] : actor.model().localParameters()) {
         EXPECT_TRUE(torch::allclose(p, expected.at(name), 1e-5, 1e-6)) << mode << " micro " << micro << " " << name;
@@ -118,12 +118,12 @@ TEST(GrpoPpoBatch, TargetLogProbsOnAnyLayoutEqualOneRanksLogSoftmax) {
     expected = grpo::tokenLogProbs(model.logits(b.at("tokens")).narrow(-1, 0, model.config().validVocab()),
                                    b.at("targets"));
   }
-  EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(one, b, 4), expected, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(trainer, one, b, 4), expected, 1e-5, 1e-6));
   const std::string failures = test::runRanks(4, [&](int rank, int size, int port) {
     auto comm = worldOf(rank, size, port, layoutOf(size, 2, 1));
     ModelRuntime rt(*comm, registry(), build, llmOptions(recipe, comm->layout(), false));
     // tp 2 x dp 2: each data-parallel rank takes 4 rows in micro-batches of 2.
-    EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(rt, b, 2), expected, 1e-5, 1e-6)) << "rank " << rank;
+    EXPECT_TRUE(torch::allclose(grpo::targetLogProbs(trainer, rt, b, 2), expected, 1e-5, 1e-6)) << "rank " << rank;
   });
   EXPECT_EQ(failures, "");
 }

@@ -42,10 +42,11 @@ struct Iterations {
   std::vector<std::vector<std::vector<int64_t>>> responses;
 };
 
-Iterations iterate(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime& reference) {
+Iterations iterate(const grpo::GptModels& trainer, ModelRuntime& actor, ModelRuntime& rollout,
+                   ModelRuntime& reference) {
   Iterations run;
   for (int64_t step = 0; step < 2; ++step) {
-    auto r = grpo::grpoStep(actor, rollout, &reference, kPrompts, reward, options(), step);
+    auto r = grpo::grpoStep(trainer, actor, rollout, &reference, kPrompts, reward, options(), step);
     run.metrics.push_back(r.metrics);
     run.responses.push_back(r.rollout.responses);
   }
@@ -68,7 +69,7 @@ TEST(GrpoStep, ActorRolloutAndReferenceOnTheirOwnLayoutsMatchOneRank) {
   ModelRuntime actor(*single, registry(), build, named(single->layout(), "actor", true));
   ModelRuntime rollout(*single, registry(), build, named(single->layout(), "rollout", false));
   ModelRuntime reference(*single, registry(), build, named(single->layout(), "ref", false));
-  const Iterations expected = iterate(actor, rollout, reference);
+  const Iterations expected = iterate(trainer, actor, rollout, reference);
   std::map<std::string, at::Tensor> weights;
   for (auto& [name, p] : actor.model().localParameters()) weights[name] = p.detach().clone();
   // The scores vary, so the policy loss moved the weights.
@@ -80,7 +81,7 @@ TEST(GrpoStep, ActorRolloutAndReferenceOnTheirOwnLayoutsMatchOneRank) {
     ModelRuntime a(*comm, registry(), build, named(layoutOf(size, 2, 1), "actor", true));
     ModelRuntime r(*comm, registry(), build, named(layoutOf(size, 1, 1), "rollout", false));
     ModelRuntime ref(*comm, registry(), build, named(layoutOf(size, 2, 1), "ref", false));
-    const Iterations got = iterate(a, r, ref);
+    const Iterations got = iterate(trainer, a, r, ref);
     for (size_t step = 0; step < 2; ++step) {
       EXPECT_EQ(got.responses[step], expected.responses[step]) << "step " << step;
       for (const char* key : {"critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss",

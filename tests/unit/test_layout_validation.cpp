@@ -12,6 +12,7 @@
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
 
@@ -28,6 +29,9 @@ Recipe recipe(const std::vector<std::string>& overrides, const std::string& extr
   Recipe r = Recipe::fromString(std::string(kBase) + extra, "r.yaml", overrides);
   Schema s;
   describeCoreKeys(s);
+  // The shape keys a GPT-shaped trainer declares (the llm trainer's).
+  keys::addTransformerShape(s);
+  keys::addMoe(s);
   r.validate(s);
   return r;
 }
@@ -379,24 +383,51 @@ TEST(LayoutRequest, LayoutFromRecipeFollowsMegatronsExpertTensorDefault) {
   EXPECT_EQ(moe.edp(), 1);
 }
 
-TEST(ParallelPlugins, NamesThePluginOfEverySizeAboveOneInOrderOfApplication) {
+TEST(ParallelPlugins, NamesTheDimensionsOfEverySizeAboveOneInOrderOfApplication) {
   LayoutSizes s;
   s.world = 32;
-  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  EXPECT_EQ(layoutDimensionsUsed(s), Lines{"dp"});
   s.vpp = 2;  // chunks of the pipeline's stages: nothing of its own
-  EXPECT_EQ(parallelPluginsFor(s), Lines{"data"});
+  EXPECT_EQ(layoutDimensionsUsed(s), Lines{"dp"});
   s.pp = 2;
   s.cp = 2;
-  EXPECT_EQ(parallelPluginsFor(s), (Lines{"context", "pipeline", "data"}));
+  EXPECT_EQ(layoutDimensionsUsed(s), (Lines{"cp", "pp", "dp"}));
   s.tp = 2;
   s.ep = 2;
-  EXPECT_EQ(parallelPluginsFor(s), (Lines{"tensor", "context", "expert", "pipeline", "data"}));
+  EXPECT_EQ(layoutDimensionsUsed(s), (Lines{"tp", "cp", "ep", "pp", "dp"}));
   LayoutSizes etp;
   etp.world = 2;
   etp.etp = 2;
-  EXPECT_EQ(parallelPluginsFor(etp), (Lines{"expert", "data"}));
-  // A model with experts has the expert plugin at any ep: it places them.
-  EXPECT_EQ(parallelPluginsFor(LayoutSizes{}, /*experts=*/true), (Lines{"expert", "data"}));
+  EXPECT_EQ(layoutDimensionsUsed(etp), (Lines{"etp", "dp"}));
+  // A model with experts has the ep plugin at any ep: it places them.
+  EXPECT_EQ(layoutDimensionsUsed(LayoutSizes{}, /*experts=*/true), (Lines{"ep", "dp"}));
+}
+
+// The engine names no plugin: each dimension goes to the first installed
+// plugin that declares it, so one found earlier on the search path (a
+// third party's) replaces a built-in one, and a plugin executing two
+// dimensions (expert: ep, etp) is applied once.
+TEST(ParallelPlugins, PicksThePluginThatDeclaresEachDimension) {
+  PluginRegistry installed(PluginRegistry::defaultSearchPath());
+  LayoutSizes s;
+  s.world = 16;
+  s.tp = 2;
+  s.pp = 2;
+  s.ep = 2;
+  s.etp = 2;
+  ParallelPluginPick pick = pickParallelPlugins(s, /*experts=*/true, installed);
+  EXPECT_EQ(pick.plugins, (Lines{"tensor", "expert", "pipeline", "data"}));
+  EXPECT_EQ(pick.missing, Lines{});
+  s.cp = 2;
+  EXPECT_EQ(pickParallelPlugins(s, true, installed).missing, Lines{"cp"});
+
+  // parallel/echo (a fixture) declares cp; found first, it executes it.
+  std::vector<std::string> paths = PluginRegistry::defaultSearchPath();
+  paths.insert(paths.begin(), std::string(PTRAIN_FIXTURE_DIR) + "/parallel_echo");
+  PluginRegistry withEcho(paths);
+  pick = pickParallelPlugins(s, true, withEcho);
+  EXPECT_EQ(pick.plugins, (Lines{"tensor", "echo", "expert", "pipeline", "data"}));
+  EXPECT_EQ(pick.missing, Lines{});
 }
 
 // A size above 1 that no installed plugin executes would repeat the same work
@@ -409,8 +440,7 @@ TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
   // The tree builds parallel/tensor, expert, pipeline and data.
   EXPECT_EQ(missing({"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2"}, 4), Lines{});
   EXPECT_EQ(missing({}, 2, "parallel:\n  context_parallel_size: 2\n"),
-            Lines{"r.yaml:5:3: context_parallel_size=2: no parallel plugin executes it (parallel/context is not "
-                  "installed); set it to 1"});
+            Lines{"r.yaml:5:3: context_parallel_size=2: no installed parallel plugin executes cp; set it to 1"});
   EXPECT_EQ(missing({"model.num_experts=4", "parallel.expert_model_parallel_size=2"}, 4), Lines{});
   // A dense model has no expert grid: etp > 1 is ignored there (a warning),
   // ep > 1 refused by checkLayout.
@@ -420,10 +450,10 @@ TEST(ParallelPlugins, RefusesASizeNoInstalledPluginExecutes) {
   test::TempDir empty;
   PluginRegistry none({empty.path()});
   EXPECT_EQ(checkParallelPlugins(layoutRequestFromRecipe(recipe({"parallel.tensor_model_parallel_size=2"}), 2), none),
-            (Lines{"<command line>: tensor_model_parallel_size=2: no parallel plugin executes it (parallel/tensor is "
-                   "not installed); set it to 1",
-                   "r.yaml:1:1: no parallel plugin reduces the gradients across ranks (parallel/data is not installed, "
-                   "and every run needs it); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH"}));
+            (Lines{"<command line>: tensor_model_parallel_size=2: no installed parallel plugin executes tp; set it to 1",
+                   "r.yaml:1:1: no installed parallel plugin executes dp, which reduces the gradients across ranks "
+                   "(every run needs it: parallel/data is built in); add its folder to plugins.paths or "
+                   "PTRAIN_PLUGIN_PATH"}));
 }
 
 }  // namespace

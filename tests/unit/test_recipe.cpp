@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../../trainers/llm/llm_trainer.h"
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
@@ -16,9 +17,15 @@ namespace {
 
 using test::TempDir;
 
+// The core's keys and the groups a GPT-shaped trainer declares (shape,
+// experts, recomputation, fusion), as the llm trainer does.
 Schema coreSchema() {
   Schema s;
   describeCoreKeys(s);
+  keys::addTransformerShape(s);
+  keys::addMoe(s);
+  keys::addRecompute(s, /*selective=*/true);
+  keys::addFusion(s);
   return s;
 }
 

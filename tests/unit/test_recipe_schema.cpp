@@ -20,6 +20,14 @@ Schema coreSchema() {
   return s;
 }
 
+// The core's keys and the shape keys a GPT-shaped trainer declares.
+Schema gptSchema() {
+  Schema s = coreSchema();
+  keys::addTransformerShape(s);
+  keys::addMoe(s);
+  return s;
+}
+
 KeySpec spec(const std::string& path, ValueType type, const std::string& def, const std::string& doc = "d") {
   KeySpec k;
   k.path = path;
@@ -35,7 +43,7 @@ const char* kMinimal =
 
 // The keys the project's issue names, with their types and defaults.
 TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
-  Schema s = coreSchema();
+  Schema s = gptSchema();
   struct Expect {
     const char* path;
     ValueType type;
@@ -114,8 +122,47 @@ TEST(RecipeSchema, CoreKeysFollowMegatronNamesAndDefaults) {
     EXPECT_EQ(s.find(trainers), nullptr) << trainers;
   }
   EXPECT_TRUE(s.isSection("parallel"));
-  EXPECT_TRUE(s.isSection("fusion"));
   EXPECT_FALSE(s.isSection("train.steps"));
+  // The model's keys are its trainer's (the shape through keys::addTransformerShape),
+  // fusion the llm trainer's, fp16's loss scale precision/fp16's: none is the core's.
+  const Schema core = coreSchema();
+  EXPECT_FALSE(core.isSection("model"));
+  EXPECT_FALSE(core.isSection("fusion"));
+  EXPECT_EQ(core.find("precision.loss_scale"), nullptr);
+  EXPECT_EQ(core.find("offload.tier"), nullptr);
+  ASSERT_NE(core.find("offload.name"), nullptr);
+  for (const KeySpec& k : core.keys()) EXPECT_EQ(k.owner, "") << k.path;
+}
+
+// Keys a plugin adds carry its name: the tables list them under it, a
+// replaced key takes the new owner, and a key of a plugin the recipe does not
+// use is refused with that plugin's reason.
+TEST(RecipeSchema, KeysCarryThePluginThatOwnsThem) {
+  Schema s = coreSchema();
+  s.addFrom("precision/fp16", [](Schema& own) {
+    own.add(keys::atLeast(keys::key("precision.loss_scale", ValueType::kFloat, "0", "Scale."), 0));
+  });
+  s.addFrom("trainer/llm", [](Schema& own) { keys::addRecompute(own, /*selective=*/true); });
+  EXPECT_EQ(s.find("precision.loss_scale")->owner, "precision/fp16");
+  EXPECT_EQ(s.find("model.recompute")->owner, "trainer/llm");
+  EXPECT_EQ(s.find("train.steps")->owner, "");
+  const std::string md = s.markdown();
+  EXPECT_NE(md.find("### `precision` (plugin `precision/fp16`)"), std::string::npos) << md;
+  EXPECT_NE(md.find("### `precision`\n"), std::string::npos) << md;  // the core's precision.name
+  EXPECT_LT(md.find("### `log`"), md.find("(plugin `precision/fp16`)")) << "the core's sections come first";
+  EXPECT_NE(s.text().find("keys of plugin precision/fp16:\nprecision.loss_scale"), std::string::npos) << s.text();
+
+  s.addUnused("offload.tier", "applies to plugin offload/tiered only; remove it");
+  Recipe r = Recipe::fromString(std::string(kMinimal) + "offload: {tier: disk}\nprecision: {loss_scale: -1}\n", "r.yaml");
+  EXPECT_EQ(r.validateAll(s), (std::vector<std::string>{
+                                  "r.yaml:3:11: offload.tier: applies to plugin offload/tiered only; remove it",
+                                  "r.yaml:4:25: precision.loss_scale: -1 is out of range; use a value >= 0"}));
+  // A trainer without selective recomputation declares only none and full.
+  Schema detector = coreSchema();
+  keys::addRecompute(detector, /*selective=*/false);
+  EXPECT_EQ(detector.find("model.recompute")->choices, (std::vector<std::string>{"none", "full"}));
+  detector.remove("model.recompute_num_layers");
+  EXPECT_EQ(detector.find("model.recompute_num_layers"), nullptr);
 }
 
 TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
@@ -124,18 +171,18 @@ TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
                            "data: {name: arithmetic, max_operand: 99}\n";
   Recipe r = Recipe::fromString(yaml, "r.yaml");
   // With the core keys only, the trainer's keys are unknown.
-  auto core = r.validateAll(coreSchema());
+  auto core = r.validateAll(gptSchema());
   ASSERT_EQ(core.size(), 2u);
   EXPECT_EQ(core[0], "r.yaml:3:24: model.rope_theta: unknown key; remove it (`ptrain keys` lists the keys of 'model')");
   EXPECT_EQ(core[1], "r.yaml:4:26: data.max_operand: unknown key; remove it (`ptrain keys` lists the keys of 'data')");
 
   // A first pass that lets the trainer's keys through still checks the core ones.
-  EXPECT_TRUE(r.validateAll(coreSchema(), /*allowUnknown=*/true).empty());
+  EXPECT_TRUE(r.validateAll(gptSchema(), /*allowUnknown=*/true).empty());
   Recipe typo = Recipe::fromString(yaml + "optimizer: {lr: x}\n", "r.yaml");
-  EXPECT_EQ(typo.validateAll(coreSchema(), true),
+  EXPECT_EQ(typo.validateAll(gptSchema(), true),
             std::vector<std::string>{"r.yaml:5:17: optimizer.lr: expected a number, got 'x'; write a number such as 0.001"});
 
-  Schema extended = coreSchema();
+  Schema extended = gptSchema();
   KeySpec theta = spec("model.rope_theta", ValueType::kFloat, "10000");
   theta.min = 0;
   theta.min_exclusive = true;
@@ -153,7 +200,7 @@ TEST(RecipeSchema, TrainerExtensionValidatesItsOwnKeys) {
   EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 128);
 
   // Validating again with the core schema drops the extension's defaults.
-  auto again = r.validateAll(coreSchema());
+  auto again = r.validateAll(gptSchema());
   EXPECT_EQ(again.size(), 2u);
   EXPECT_FALSE(r.has("data.digits"));
   EXPECT_EQ(r.getInt("model.ffn_hidden_size"), 0);
@@ -245,7 +292,7 @@ TEST(RecipeSchema, RangeText) {
 }
 
 TEST(RecipeSchema, SuggestOnlyWhenClose) {
-  Schema s = coreSchema();
+  Schema s = gptSchema();
   EXPECT_EQ(s.suggest("train.stpes"), "train.steps");
   EXPECT_EQ(s.suggest("Train.Steps"), "train.steps");
   EXPECT_EQ(s.suggest("optimiser.lr"), "optimizer.lr");
@@ -339,7 +386,7 @@ TEST(RecipeSchema, CoreReservedKeys) {
   EXPECT_TRUE(s.find("train.steps")->reserved.empty());
   EXPECT_TRUE(s.find("parallel.context_parallel_size")->reserved.empty());
   // Built: the offload plugin runs them.
-  for (const char* path : {"offload.params", "offload.grads", "offload.optimizer", "offload.tier"})
+  for (const char* path : {"offload.params", "offload.grads", "offload.optimizer", "offload.name"})
     EXPECT_TRUE(s.find(path)->reserved.empty()) << path;
 }
 

@@ -84,7 +84,7 @@ TEST(Reshard, ActorWeightsReachRolloutsOfOtherTensorParallelSizes) {
       EXPECT_EQ(greedy(rollout, prompts), tokens) << "tp " << tp;
       // Sampled, with the samples shared over the rollout's data-parallel
       // ranks (4 at tp 1, 1 at tp 4): one rank's tokens for the same seed.
-      EXPECT_EQ(grpo::generateOnLayout(rollout, prompts, sampling()).responses, sampled) << "tp " << tp;
+      EXPECT_EQ(grpo::generateOnLayout(trainer, rollout, prompts, sampling()).responses, sampled) << "tp " << tp;
     }
   });
   EXPECT_EQ(failures, "");

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/parallel_layers.h"
 #include "ptrain/nn/parameter_init.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "support/test_support.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
@@ -63,6 +65,32 @@ TEST(ParameterInit, AnyBlockDrawnAloneEqualsThatBlockOfTheWholeDraw) {
       ASSERT_TRUE(torch::equal(part, blockOf(all, offsets, block))) << "block at " << at::IntArrayRef(offsets);
     }
   }
+}
+
+// The SDK's helpers a trainer draws with (no libtorch internals): the base
+// seed is one draw of the engine-seeded default generator, and a block drawn
+// by drawParameter is that block of the whole parameter.
+TEST(ParameterInit, DrawParameterAndModelSeedAsTheEngineSeedsThem) {
+  torch::manual_seed(77);
+  const uint64_t first = nn::modelSeed();
+  torch::manual_seed(77);
+  EXPECT_EQ(nn::modelSeed(), first);
+  torch::manual_seed(77);
+  const uint64_t direct = static_cast<uint64_t>(
+      torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
+  EXPECT_EQ(first, direct);
+
+  const auto init = nn::ParameterInit::normal(parameterSeed(first, "blocks.0.fc.weight"), 0.0, 0.02);
+  const at::Tensor all = nn::drawParameter(init, {12, 8});
+  EXPECT_EQ(all.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(all, whole(init, {12, 8})));
+  // Rank 1 of a 3-way row split, drawn alone.
+  EXPECT_TRUE(torch::equal(nn::drawParameter(init, {12, 8}, {4, 0}, {4, 8}), all.narrow(0, 4, 4)));
+  EXPECT_THROW(nn::drawParameter(init, {12, 8}, {10, 0}, {4, 8}), InternalError);
+
+  // A generator of one's own: equal seeds, equal streams, apart from the default one.
+  at::Generator a = nn::seededGenerator(5), b = nn::seededGenerator(5);
+  EXPECT_TRUE(torch::equal(torch::rand({4}, a), torch::rand({4}, b)));
 }
 
 TEST(ParameterInit, ValuesDoNotDependOnThreadsAndFollowTheirDistribution) {
@@ -326,6 +354,24 @@ TEST(DataAtTheShare, EveryTrainerMakesARanksRowsAlone) {
   expectRowsOfTheGlobalBatch(*setUp<detection::DetectionTrainer>("detection/mosaic_dp2.yaml", {"data.eval_size=8"}), 8);
   expectRowsOfTheGlobalBatch(
       *setUp<recommender::RecommenderTrainer>("recommender/recsys_small.yaml", {"data.eval_size=256"}), 16);
+}
+
+// ModelTrainer<Model> (engine/model_trainer.h): a trainer gets its own models
+// back typed, by identity, and refuses a model it did not build.
+TEST(ModelTrainer, HandsBackItsOwnModelsTypedAndRefusesOthers) {
+  auto trainer = setUp<detection::DetectionTrainer>("detection/mosaic_dp2.yaml", {"data.eval_size=8"});
+  auto other = setUp<detection::DetectionTrainer>("detection/mosaic_dp2.yaml", {"data.eval_size=8"});
+  std::shared_ptr<StagedModel> a = trainer->buildModel(ModelBuild::outline());
+  std::shared_ptr<StagedModel> b = trainer->buildModel(ModelBuild::outline());
+  detection::CenterNetModel& net = trainer->ownModel(*a);
+  EXPECT_EQ(static_cast<StagedModel*>(&net), a.get());
+  EXPECT_EQ(static_cast<StagedModel*>(&trainer->ownModel(*b)), b.get());
+  EXPECT_THROW(other->ownModel(*a), InternalError);
+  // One it built but no longer holds alive is forgotten, not kept.
+  std::shared_ptr<StagedModel> c = other->buildModel(ModelBuild::outline());
+  c.reset();
+  std::shared_ptr<StagedModel> d = other->buildModel(ModelBuild::outline());
+  EXPECT_EQ(static_cast<StagedModel*>(&other->ownModel(*d)), d.get());
 }
 
 }  // namespace

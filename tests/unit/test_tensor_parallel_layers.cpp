@@ -24,11 +24,12 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/recipe_layout.h"
+#include "ptrain/engine/tensor_parallel.h"
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/parallel_layers.h"
-#include "ptrain/nn/tensor_parallel.h"
 #include "ptrain/nn/tp_comm.h"
 #include "ptrain/plugin/registry.h"
+#include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 #include "ptrain/recipe/schema.h"
 #include "support/test_support.h"
@@ -758,6 +759,7 @@ TEST(LlmTrainerTensorParallel, SequenceParallelNeedsADerivedSeqLengthThatSplits)
 TEST(TensorParallelLayout, HiddenSizeMustSplitWithoutHeads) {
   ptrain::Schema schema;
   ptrain::describeCoreKeys(schema);
+  ptrain::keys::addTransformerShape(schema);
   auto check = [&](const std::vector<std::string>& overrides) {
     ptrain::Recipe r = ptrain::Recipe::fromString(
         "trainer: {name: rec}\nmodel: {hidden_size: 30}\ntrain: {steps: 1, global_batch_size: 8}\n", "r.yaml",

@@ -8,7 +8,7 @@
 
 #include "ptrain/core/error.h"
 #include "ptrain/core/text.h"
-#include "ptrain/engine/parameter_seed.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "ptrain/nn/tp_comm.h"
 
 namespace ptrain::detection {
@@ -205,8 +205,7 @@ CenterNetModel::CenterNetModel(const CenterNetConfig& config, const ModelBuild& 
   for (int64_t d : c.dilations) {
     PTRAIN_CHECK_AS(ConfigError, d >= 1, "model.block_dilations: ", d, " must be >= 1 (1: no dilation)");
   }
-  base_seed_ = static_cast<uint64_t>(
-      torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
+  base_seed_ = nn::modelSeed();
   root_ = CenterNetModule(c, build);
   initialiseParameters();
 }

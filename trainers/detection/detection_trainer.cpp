@@ -47,6 +47,17 @@ void DetectionTrainer::describeKeys(Schema& schema) const {
   using keys::atMost;
   using keys::key;
 
+  // The transformer's shape names, read as the detector's: blocks, channels,
+  // and the channels inside a block. Whole blocks are recomputed (no
+  // selective recomputation: there is no attention core).
+  schema.add(atLeast(key("model.num_layers", T::kInt, "2", "Residual blocks of the detector's body."), 1));
+  schema.add(atLeast(key("model.hidden_size", T::kInt, "32",
+                         "Channels of the detector's body (split across tensor-parallel ranks)."),
+                     1));
+  schema.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0",
+                         "Channels inside each residual block; 0 means 2 * hidden_size."),
+                     0));
+  keys::addRecompute(schema, /*selective=*/false);
   schema.add(atLeast(key("model.stem_channels", T::kInt, "16",
                          "Channels of the first stride-2 convolution of the detector's stem (the second gives "
                          "model.hidden_size)."),
@@ -128,14 +139,6 @@ void DetectionTrainer::setup(const Recipe& recipe) {
       recipe.fail(key, std::string("is read only with data.name: ") + (files ? "mosaic" : "coco") +
                            "; remove it, or set data.name: " + (files ? "mosaic" : "coco"));
     }
-  }
-  // Keys of the transformer trainers that this convolutional model would
-  // otherwise ignore without a word.
-  for (const char* unused : {"model.num_attention_heads", "model.seq_length"}) {
-    if (recipe.has(unused)) recipe.fail(unused, "the detection trainer's model has no such setting; remove it");
-  }
-  if (recipe.has("model.num_experts") && recipe.getInt("model.num_experts") > 0) {
-    recipe.fail("model.num_experts", "the detection trainer's model has no experts; remove it");
   }
   if (recipe.getBool("parallel.sequence_parallel")) {
     recipe.fail("parallel.sequence_parallel", "the detection trainer's model has no sequence to split; set it false");
@@ -245,12 +248,9 @@ void DetectionTrainer::setup(const Recipe& recipe) {
   ready_ = true;
 }
 
-std::shared_ptr<StagedModel> DetectionTrainer::buildModel(const ModelBuild& build) {
+std::shared_ptr<CenterNetModel> DetectionTrainer::makeModel(const ModelBuild& build) {
   PTRAIN_CHECK(ready_, "detection trainer: buildModel() before setup()");
-  auto model = std::make_shared<CenterNetModel>(config_, build);
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
-  built_.push_back(model);
-  return model;
+  return std::make_shared<CenterNetModel>(config_, build);
 }
 
 Batch DetectionTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
@@ -277,18 +277,10 @@ TrainSummary DetectionTrainer::train(TrainingSession& session) {
   return defaultTrainingLoop(session, *this);
 }
 
-CenterNetModel& DetectionTrainer::ownModel(StagedModel& model) {
-  for (const auto& w : built_) {
-    if (auto p = w.lock(); p && p.get() == &model) return *p;
-  }
-  throw InternalError("detection trainer: evaluate() got a model that this trainer's buildModel() did not create");
-}
-
-std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+std::map<std::string, double> DetectionTrainer::evaluateModel(CenterNetModel& net, const EvalContext& ctx) {
   PTRAIN_CHECK(ready_, "detection trainer: evaluate() before setup()");
   PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "detection trainer: eval shard ",
                ctx.shard, " of ", ctx.num_shards);
-  CenterNetModel& net = ownModel(model);
   torch::NoGradGuard noGrad;
   if (eval_size_ == 0) return {};
 
@@ -315,17 +307,17 @@ std::map<std::string, double> DetectionTrainer::evaluate(StagedModel& model, con
                         : datasets::mosaicBatch(data_, MosaicSplit::kValidation, first, count);
     addCenterNetTargets(batch, config_.classes, data_.canvas);
     batch = batch.to(ctx.device);
-    at::Tensor hidden = model.forwardHidden(batch);
+    at::Tensor hidden = net.forwardHidden(batch);
     at::Tensor outputs, loss = torch::zeros({2}, f64);
-    if (model.holdsHead()) {
+    if (net.holdsHead()) {
       outputs = net.headOutputs(hidden).to(torch::kFloat32);
       LossOutput l = net.head(hidden, batch);
       loss = torch::tensor({l.loss_sum.item<double>(), l.count}, f64);
     } else {
       outputs = torch::zeros({count, outChannels, side, side}, torch::TensorOptions(torch::kFloat32).device(ctx.device));
     }
-    model.shareFromHead(outputs);
-    model.shareFromHead(loss);
+    net.shareFromHead(outputs);
+    net.shareFromHead(loss);
     lossSums += loss;
     detections.narrow(0, first, count).copy_(decodeCenterNet(outputs, config_.classes, topK));
   }

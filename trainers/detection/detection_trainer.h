@@ -27,11 +27,11 @@
 #include "centernet.h"
 #include "coco_source.h"
 #include "ptrain/datasets/mosaic.h"
-#include "ptrain/engine/trainer.h"
+#include "ptrain/engine/model_trainer.h"
 
 namespace ptrain::detection {
 
-class DetectionTrainer : public Trainer {
+class DetectionTrainer : public ModelTrainer<CenterNetModel> {
  public:
   explicit DetectionTrainer(const PluginContext& context);
   ~DetectionTrainer() override;
@@ -41,7 +41,6 @@ class DetectionTrainer : public Trainer {
   // than mosaic, transformer or MoE keys this model does not have, canvas
   // options the dataset refuses, or a canvas not divisible by the stride.
   void setup(const Recipe& recipe) override;
-  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   // Training canvases step * size .. step * size + size - 1, with their
   // CenterNet targets (addCenterNetTargets).
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
@@ -51,13 +50,6 @@ class DetectionTrainer : public Trainer {
   // Canvases (samples) in the batch.
   double tokensIn(const Batch& batch) const override;  // canvases
   const char* throughputUnit() const override { return "images"; }
-  // eval_map (AP@[.5:.95]), eval_map50, eval_map75, eval_ar100 of the
-  // decoded detections on validation canvases 0..eval_size-1, and eval_loss.
-  // Each data-parallel rank decodes a contiguous shard; the fixed-size
-  // detections are summed into one tensor with ctx.all_reduce_sum, so every
-  // rank scores all of them. Rank 0 writes RUN_DIR/detections.json (the
-  // latest evaluation, COCO results) and RUN_DIR/coco_gt.json beside it.
-  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
   // The engine's loop; it only remembers the run folder for evaluate().
   TrainSummary train(TrainingSession& session) override;
 
@@ -83,8 +75,17 @@ class DetectionTrainer : public Trainer {
   const CenterNetConfig& modelConfig() const { return config_; }
   const datasets::MosaicOptions& dataOptions() const { return data_; }
 
+ protected:
+  std::shared_ptr<CenterNetModel> makeModel(const ModelBuild& build) override;
+  // eval_map (AP@[.5:.95]), eval_map50, eval_map75, eval_ar100 of the
+  // decoded detections on validation canvases 0..eval_size-1, and eval_loss.
+  // Each data-parallel rank decodes a contiguous shard; the fixed-size
+  // detections are summed into one tensor with ctx.all_reduce_sum, so every
+  // rank scores all of them. Rank 0 writes RUN_DIR/detections.json (the
+  // latest evaluation, COCO results) and RUN_DIR/coco_gt.json beside it.
+  std::map<std::string, double> evaluateModel(CenterNetModel& net, const EvalContext& ctx) override;
+
  private:
-  CenterNetModel& ownModel(StagedModel& model);
 
   CenterNetConfig config_;
   datasets::MosaicOptions data_;
@@ -98,7 +99,6 @@ class DetectionTrainer : public Trainer {
   std::string run_dir_;
   bool wrote_ground_truth_ = false;
   std::vector<GroundTruth> ground_truth_;  // of validation canvases 0..eval_size-1, made at the first evaluation
-  std::vector<std::weak_ptr<CenterNetModel>> built_;
 };
 
 }  // namespace ptrain::detection

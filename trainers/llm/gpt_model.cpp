@@ -8,7 +8,7 @@
 
 #include "ptrain/comm/process_group.h"
 #include "ptrain/core/text.h"
-#include "ptrain/engine/parameter_seed.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "ptrain/nn/attention.h"
 #include "ptrain/nn/cross_entropy.h"
 #include "ptrain/nn/fused.h"
@@ -273,8 +273,7 @@ GptModel::GptModel(const GptConfig& config, const ModelBuild& build) : config_(c
   PTRAIN_CHECK_AS(ConfigError, c.dropout >= 0 && c.dropout < 1, "model.dropout: ", c.dropout,
                   " is out of range; use [0, 1)");
   // One draw of the default generator seeds every parameter's own stream.
-  base_seed_ = static_cast<uint64_t>(torch::randint(std::numeric_limits<int64_t>::max(), {1},
-                                                     torch::kInt64).item<int64_t>());
+  base_seed_ = nn::modelSeed();
   root_ = GptModule(c, build);
   initialiseParameters();
   const float negInf = -std::numeric_limits<float>::infinity();

@@ -7,6 +7,7 @@
 #include "hf_gpt2.h"
 #include "ptrain/comm/process_group.h"
 #include "ptrain/engine/moe_settings.h"
+#include "ptrain/engine/precision.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -43,8 +44,13 @@ void LlmTrainer::describeKeys(Schema& schema) const {
   using keys::oneOf;
   using keys::unitBelowOne;
 
-  // Model keys only this trainer reads; the shape keys the layout checks
-  // read (num_layers, hidden_size, ...) are the core's.
+  // The GPT's shape (Megatron's names; modelShape() reports it back for the
+  // layout checks), its recomputation (selective: the attention core), its
+  // experts and fused kernels, then the keys only this trainer reads.
+  keys::addTransformerShape(schema);
+  keys::addRecompute(schema, /*selective=*/true);
+  keys::addMoe(schema);
+  keys::addFusion(schema);
   schema.add(atLeast(key("model.vocab_size", T::kInt, "0", "Vocabulary size; 0 takes it from the dataset."), 0));
   schema.add(unitBelowOne(key("model.dropout", T::kFloat, "0.0", "Dropout probability.")));
   schema.add(above(key("model.init_std", T::kFloat, "0.02", "Standard deviation of the normal weight initialisation."), 0));
@@ -211,7 +217,8 @@ void LlmTrainer::setup(const Recipe& recipe) {
   c.init_std = recipe.getFloat("model.init_std");
   c.tie_embeddings = recipe.getBool("model.tie_embeddings");
   // The precision plugin owns the dtypes; the loss's precision is the model's.
-  c.fp16_lm_cross_entropy = recipe.getBool("precision.fp16_lm_cross_entropy");
+  // precision/fp16's key (PrecisionSettings reads it when that plugin is in use).
+  c.fp16_lm_cross_entropy = PrecisionSettings::fromRecipe(recipe).fp16_lm_cross_entropy;
   c.fusion.masked_softmax = recipe.getBool("fusion.masked_softmax");
   c.fusion.bias_gelu = recipe.getBool("fusion.bias_gelu");
   c.fusion.layernorm = recipe.getBool("fusion.layernorm");
@@ -239,12 +246,9 @@ void LlmTrainer::setup(const Recipe& recipe) {
   config_ = c;
 }
 
-std::shared_ptr<StagedModel> LlmTrainer::buildModel(const ModelBuild& build) {
+std::shared_ptr<GptModel> LlmTrainer::makeModel(const ModelBuild& build) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: buildModel() before setup()");
-  auto model = std::make_shared<GptModel>(config_, build);
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
-  built_.push_back(model);
-  return model;
+  return std::make_shared<GptModel>(config_, build);
 }
 
 Batch LlmTrainer::globalBatch(int64_t step, int64_t globalBatchSize) {
@@ -356,20 +360,12 @@ void LlmTrainer::exportWeights(const std::string& format, WeightsSource& weights
   exportHfGpt2(config_, weights, outDir);
 }
 
-GptModel& LlmTrainer::ownModel(StagedModel& model) {
-  for (const auto& w : built_) {
-    if (auto p = w.lock(); p && p.get() == &model) return *p;
-  }
-  throw InternalError("llm trainer: evaluate() got a model that this trainer's buildModel() did not create");
-}
-
-std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+std::map<std::string, double> LlmTrainer::evaluateModel(GptModel& gpt, const EvalContext& ctx) {
   PTRAIN_CHECK(dataset_.has_value(), "llm trainer: evaluate() before setup()");
   PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "llm trainer: eval shard ",
                ctx.shard, " of ", ctx.num_shards);
-  GptModel& gpt = ownModel(model);
   torch::NoGradGuard noGrad;
-  if (corpus_) return evaluateCorpus(gpt, model, ctx);
+  if (corpus_) return evaluateCorpus(gpt, ctx);
 
   const std::vector<PromptAnswer> all = evalItems();
   const size_t n = all.size();
@@ -386,11 +382,11 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   // the others (they exchange tokens): a rank out of problems evaluates the
   // first problem again, uncounted, until every shard is done.
   int64_t chunks = static_cast<int64_t>((end - begin + kEvalChunk - 1) / kEvalChunk);
-  if (model.forward_sync) {
+  if (gpt.forward_sync) {
     at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
     AllreduceOptions opts;
     opts.op = ReduceOp::kMax;
-    model.forward_sync->allreduce(most, opts)->wait();
+    gpt.forward_sync->allreduce(most, opts)->wait();
     chunks = static_cast<int64_t>(most.item<double>());
   }
 
@@ -434,17 +430,17 @@ std::map<std::string, double> LlmTrainer::evaluate(StagedModel& model, const Eva
   return out;
 }
 
-std::map<std::string, double> LlmTrainer::evaluateCorpus(GptModel& gpt, StagedModel& model, const EvalContext& ctx) {
+std::map<std::string, double> LlmTrainer::evaluateCorpus(GptModel& gpt, const EvalContext& ctx) {
   const int64_t n = corpus_->validationSamples();
   const int64_t begin = n * ctx.shard / ctx.num_shards, end = n * (ctx.shard + 1) / ctx.num_shards;
   const int64_t chunk = static_cast<int64_t>(kEvalChunk) / 8;
   int64_t chunks = (end - begin + chunk - 1) / chunk;
   // Expert parallelism: every rank runs as many forward passes.
-  if (model.forward_sync) {
+  if (gpt.forward_sync) {
     at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
     AllreduceOptions opts;
     opts.op = ReduceOp::kMax;
-    model.forward_sync->allreduce(most, opts)->wait();
+    gpt.forward_sync->allreduce(most, opts)->wait();
     chunks = static_cast<int64_t>(most.item<double>());
   }
   double lossSum = 0, lossCount = 0;

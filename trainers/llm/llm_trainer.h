@@ -31,11 +31,11 @@
 #include "prompt_set.h"
 #include "token_corpus.h"
 #include "ptrain/datasets/arithmetic.h"
-#include "ptrain/engine/trainer.h"
+#include "ptrain/engine/model_trainer.h"
 
 namespace ptrain::llm {
 
-class LlmTrainer : public Trainer {
+class LlmTrainer : public ModelTrainer<GptModel> {
  public:
   explicit LlmTrainer(const PluginContext& context);
   ~LlmTrainer() override;
@@ -48,7 +48,6 @@ class LlmTrainer : public Trainer {
   // vocabulary that tensor_model_parallel_size does not divide, or (with
   // sequence_parallel) a seq_length it does not divide.
   void setup(const Recipe& recipe) override;
-  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
   Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   // Answer tokens (incl. EOS) in the batch: the loss is their mean.
@@ -60,13 +59,6 @@ class LlmTrainer : public Trainer {
   // for the attention scores and their use (QK^T and PV, forward + backward).
   double trainFlops(double tokens) const override;
   std::optional<plan::ModelShape> modelShape() const override;
-  // eval_exact_match: the fraction of this run's evaluation problems whose
-  // greedy decoding equals the answer followed by EOS; eval_loss: mean
-  // cross-entropy per answer token on the same problems. Each data-parallel
-  // rank takes a contiguous shard; the counts are summed with one
-  // ctx.all_reduce_sum. Runs under NoGradGuard; the engine sets eval mode.
-  // `model` must come from this trainer's buildModel().
-  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
   // A Hugging Face GPT-2 folder (hf_gpt2.h) under this model's names.
   std::unique_ptr<WeightsSource> openForeignWeights(const std::string& path) const override;
   // "hf": a GPT-2 folder transformers' GPT2LMHeadModel loads (hf_gpt2.h).
@@ -92,12 +84,20 @@ class LlmTrainer : public Trainer {
   // validation prompts (none without data.validation_path).
   std::vector<PromptAnswer> evalItems() const;
 
+ protected:
+  std::shared_ptr<GptModel> makeModel(const ModelBuild& build) override;
+  // eval_exact_match: the fraction of this run's evaluation problems whose
+  // greedy decoding equals the answer followed by EOS; eval_loss: mean
+  // cross-entropy per answer token on the same problems. Each data-parallel
+  // rank takes a contiguous shard; the counts are summed with one
+  // ctx.all_reduce_sum. Runs under NoGradGuard; the engine sets eval mode.
+  std::map<std::string, double> evaluateModel(GptModel& gpt, const EvalContext& ctx) override;
+
  private:
-  GptModel& ownModel(StagedModel& model);
   // data.name: megatron (after the model keys).
   void setupCorpus(const Recipe& recipe, GptConfig& config);
   // eval_loss over the validation split's first data.eval_size samples.
-  std::map<std::string, double> evaluateCorpus(GptModel& gpt, StagedModel& model, const EvalContext& ctx);
+  std::map<std::string, double> evaluateCorpus(GptModel& gpt, const EvalContext& ctx);
 
   GptConfig config_;
   std::optional<datasets::ArithmeticDataset> dataset_;
@@ -106,7 +106,6 @@ class LlmTrainer : public Trainer {
   std::unique_ptr<PromptSet> validation_prompts_;
   bool shuffle_prompts_ = true;
   uint64_t seed_ = 0;
-  std::vector<std::weak_ptr<GptModel>> built_;
 };
 
 }  // namespace ptrain::llm

@@ -9,7 +9,7 @@
 
 namespace ptrain::grpo {
 
-ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorOptions& o, int64_t step) {
+ActorStats updateActor(const GptModels& models, ModelRuntime& actor, const Batch& miniBatch, const ActorOptions& o, int64_t step) {
   const at::Tensor& mask = miniBatch.at("response_mask");
   const AggregationWeights aggregation = aggregationWeights(mask, o.policy.aggregation);
   Batch withWeights = miniBatch;
@@ -24,7 +24,7 @@ ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorO
   in.micro_batches = actor.microBatches(withWeights, o.micro_batch_size);
   in.loss_divisor = aggregation.divisor;
   in.loss = [&](StagedModel& model, const at::Tensor& hidden, const Batch& micro) {
-    auto& gpt = static_cast<llm::GptModel&>(model);
+    llm::GptModel& gpt = models.ownModel(model);
     const at::Tensor& m = micro.at("response_mask");
     const at::Tensor& w = micro.at("loss_weights");
     const at::Tensor logp = gpt.tokenLogProbs(hidden, micro.at("targets"));
@@ -73,6 +73,7 @@ ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorO
   stats.ppo_kl = sums[4].item<double>() / tokens;
   stats.entropy = sums[5].item<double>() / tokens;
   stats.grad_norm = result.grad_norm;
+  stats.lr = result.lr;
   stats.applied = result.applied;
   stats.nonfinite = result.nonfinite;
   return stats;

@@ -9,6 +9,7 @@
 
 #include "core_algos.h"
 #include "ptrain/engine/batch.h"
+#include "rollout.h"
 
 namespace ptrain {
 class ModelRuntime;
@@ -30,6 +31,7 @@ struct ActorOptions {
 struct ActorStats {
   double pg_loss = 0, pg_clipfrac = 0, pg_clipfrac_lower = 0, ppo_kl = 0, kl_loss = 0, entropy = 0;
   double grad_norm = 0;
+  double lr = 0;  // of this update
   bool applied = true;
   bool nonfinite = false;  // StepResult::nonfinite: not applied for a NaN or inf no hook owned
 };
@@ -40,6 +42,6 @@ struct ActorStats {
 // (1 where the target is a response token), "old_log_probs" and
 // "ref_log_probs" of the targets, "advantages" (per token). Collective over
 // the world.
-ActorStats updateActor(ModelRuntime& actor, const Batch& miniBatch, const ActorOptions& options, int64_t step);
+ActorStats updateActor(const GptModels& models, ModelRuntime& actor, const Batch& miniBatch, const ActorOptions& options, int64_t step);
 
 }  // namespace ptrain::grpo

@@ -18,7 +18,7 @@ double since(Clock::time_point start) { return std::chrono::duration<double>(Clo
 
 }  // namespace
 
-GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime* reference,
+GrpoStepResult grpoStep(const GptModels& models, ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime* reference,
                         const std::vector<std::vector<int64_t>>& prompts, const RewardFunction& reward,
                         const GrpoOptions& o, int64_t step) {
   GrpoStepResult out;
@@ -33,7 +33,7 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
   t = Clock::now();
   RolloutOptions sampling = o.rollout;
   sampling.seed = o.rollout.seed * 1000003ULL + static_cast<uint64_t>(step);
-  out.rollout = generateOnLayout(rollout, prompts, sampling);
+  out.rollout = generateOnLayout(models, rollout, prompts, sampling);
   m["timing_s/gen"] = since(t);
 
   const int64_t rows = static_cast<int64_t>(out.rollout.responses.size());
@@ -54,11 +54,11 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
   m["critic/advantages/mean"] = maskedMean(batch.at("advantages"), batch.at("response_mask")).item<double>();
 
   t = Clock::now();
-  batch.tensors["old_log_probs"] = targetLogProbs(actor, batch, o.log_prob_micro_batch_size);
+  batch.tensors["old_log_probs"] = targetLogProbs(models, actor, batch, o.log_prob_micro_batch_size);
   m["timing_s/old_log_prob"] = since(t);
   t = Clock::now();
   batch.tensors["ref_log_probs"] =
-      reference != nullptr ? targetLogProbs(*reference, batch, o.ref_log_prob_micro_batch_size)
+      reference != nullptr ? targetLogProbs(models, *reference, batch, o.ref_log_prob_micro_batch_size)
                            : batch.at("old_log_probs");
   m["timing_s/ref"] = since(t);
 
@@ -71,10 +71,11 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
   std::map<std::string, double> sums;
   int64_t updates = 0;
   int64_t nonfiniteUpdates = 0;
+  double lastLr = 0;
   for (int64_t epoch = 0; epoch < o.ppo_epochs; ++epoch) {
     for (int64_t first = 0; first < prompts_; first += mini) {
       const Batch slice = batch.slice(first * n, (first + mini) * n);
-      const ActorStats s = updateActor(actor, slice, o.actor, step * 1000 + updates);
+      const ActorStats s = updateActor(models, actor, slice, o.actor, step * 1000 + updates);
       sums["actor/pg_loss"] += s.pg_loss;
       sums["actor/pg_clipfrac"] += s.pg_clipfrac;
       sums["actor/pg_clipfrac_lower"] += s.pg_clipfrac_lower;
@@ -83,12 +84,14 @@ GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime
       sums["actor/entropy"] += s.entropy;
       sums["actor/grad_norm"] += s.grad_norm;
       nonfiniteUpdates += s.nonfinite ? 1 : 0;
+      lastLr = s.lr;
       ++updates;
     }
   }
   for (const auto& [k, v] : sums) m[k] = v / static_cast<double>(std::max<int64_t>(1, updates));
   // Updates the runtime left out for a NaN or inf (train.on_nonfinite).
   m["actor/nonfinite_updates"] = static_cast<double>(nonfiniteUpdates);
+  m["actor/lr"] = lastLr;
   m["timing_s/update_actor"] = since(t);
   m["timing_s/step"] = since(start);
   m["perf/throughput"] = responseTokens / std::max(1e-9, m["timing_s/step"]);

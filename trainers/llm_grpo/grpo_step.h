@@ -44,7 +44,7 @@ struct GrpoStepResult {
 
 // Collective over the world. `reference` may be null (no KL loss then).
 // `step` numbers the iteration (the rollout's seed, the actor's steps).
-GrpoStepResult grpoStep(ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime* reference,
+GrpoStepResult grpoStep(const GptModels& models, ModelRuntime& actor, ModelRuntime& rollout, ModelRuntime* reference,
                         const std::vector<std::vector<int64_t>>& prompts, const RewardFunction& reward,
                         const GrpoOptions& options, int64_t step);
 

@@ -2,11 +2,12 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checks.h"
@@ -29,9 +30,6 @@ namespace {
 const std::string kActor = "actor_rollout_ref.actor.";
 const std::string kRollout = "actor_rollout_ref.rollout.";
 const std::string kRef = "actor_rollout_ref.ref.";
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // The most tokens an answer of `operations` on `digits`-digit operands takes,
 // with its EOS: a sum has up to digits + 1 digits, a difference a sign and
@@ -310,10 +308,46 @@ void GrpoTrainer::dumpRollouts(const std::string& runDir, int64_t step, const Gr
   if (!out) throw CheckpointError((std::filesystem::path(runDir) / "rollouts.jsonl").string() + ": cannot write");
 }
 
+namespace {
+
+// GRPO as the engine's loop drives it: three runtimes (actor, rollout,
+// reference), one grpoStep per step, the actor checkpointed and evaluated.
+class GrpoTask final : public TrainingTask {
+ public:
+  using StepFunction = std::function<StepReport(int64_t step, ModelRuntime& actor, ModelRuntime& rollout,
+                                                ModelRuntime* reference)>;
+  using EvalFunction = std::function<std::map<std::string, double>(ModelRuntime& actor)>;
+
+  GrpoTask(std::unique_ptr<ModelRuntime> actor, std::unique_ptr<ModelRuntime> rollout,
+           std::unique_ptr<ModelRuntime> reference, StepFunction step, EvalFunction evaluate)
+      : actor_(std::move(actor)),
+        rollout_(std::move(rollout)),
+        reference_(std::move(reference)),
+        step_(std::move(step)),
+        evaluate_(std::move(evaluate)) {}
+
+  std::vector<ModelRuntime*> checkpointed() override { return {actor_.get()}; }
+  std::vector<ModelRuntime*> loadTargets() override {
+    std::vector<ModelRuntime*> out = {actor_.get()};
+    if (reference_) out.push_back(reference_.get());
+    return out;
+  }
+  StepReport step(int64_t step) override { return step_(step, *actor_, *rollout_, reference_.get()); }
+  std::map<std::string, double> evaluate() override { return evaluate_(*actor_); }
+  // The starting policy's score, as verl reports it before training.
+  bool evaluatesAtStart() const override { return true; }
+
+ private:
+  std::unique_ptr<ModelRuntime> actor_, rollout_, reference_;
+  StepFunction step_;
+  EvalFunction evaluate_;
+};
+
+}  // namespace
+
 TrainSummary GrpoTrainer::train(TrainingSession& session) {
   const Recipe& recipe = session.recipe();
   const bool rankZero = session.isRankZero();
-  const auto wallStart = Clock::now();
 
   RuntimeOptions actorOptions = session.runtimeOptions();
   actorOptions.name = "actor";
@@ -342,91 +376,49 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
   std::unique_ptr<ModelRuntime> rollout = session.makeRuntime(rolloutOptions);
   std::unique_ptr<ModelRuntime> reference = use_reference_ ? session.makeRuntime(refOptions) : nullptr;
 
-  // The supervised run's model, or another GRPO run's actor.
-  const std::vector<std::string> weightSources = {"model", "actor"};
-  if (!init_from_.empty()) {
+  // The supervised run's model, or another GRPO run's actor (a resume then
+  // restores the actor from this run's own checkpoint in the loop).
+  if (!init_from_.empty() && !session.resuming()) {
     std::vector<ModelRuntime*> start = {actor.get()};
     if (reference) start.push_back(reference.get());
-    const int64_t from = session.loadWeightsFrom(init_from_, weightSources, start);
+    const int64_t from = session.loadWeightsFrom(init_from_, {"model", "actor"}, start);
     if (rankZero) logger()->info("actor{} start from {} (step {})", reference ? " and reference" : "", init_from_, from);
   }
-  int64_t step = 0;
-  if (session.resuming()) {
-    step = session.restoreLatest({actor.get()});
-    if (rankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
-  }
 
-  const int64_t steps = recipe.getInt("train.steps");
-  const int64_t evalEvery = recipe.getInt("train.eval_every");
-  const int64_t logEvery = recipe.getInt("train.log_every");
-  const int64_t ckptEvery = recipe.getInt("checkpoint.every");
-
-  TrainSummary summary;
-  auto evaluate = [&](int64_t atStep) {
-    std::map<std::string, double> result;
-    actor->inference([&](StagedModel& model, const EvalContext& ctx) { result = LlmTrainer::evaluate(model, ctx); });
-    nlohmann::json line{{"step", atStep}};
-    for (const auto& [k, v] : result) line[k] = v;
-    session.writeMetrics(line);
-    if (rankZero) {
-      logger()->info("step {}: eval_exact_match {:.4f} eval_loss {:.4f}", atStep,
-                     result.count("eval_exact_match") ? result.at("eval_exact_match") : 0.0,
-                     result.count("eval_loss") ? result.at("eval_loss") : 0.0);
-    }
-    summary.eval = result;
-  };
-  if (step == 0) evaluate(0);
-
-  RewardFunction reward;
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<std::string> answers;
-  double tokensTotal = 0, timeTotal = 0;
-  session.beginTraining(step);
-  while (step < steps) {
-    const auto stepStart = Clock::now();
-    promptsOf(step, prompts, answers);
-    reward = [&](int64_t prompt, const std::vector<int64_t>& response) {
+  auto step = [this, &session, rankZero](int64_t index, ModelRuntime& actorRuntime, ModelRuntime& rolloutRuntime,
+                                         ModelRuntime* referenceRuntime) {
+    std::vector<std::vector<int64_t>> prompts;
+    std::vector<std::string> answers;
+    promptsOf(index, prompts, answers);
+    RewardFunction reward = [&](int64_t prompt, const std::vector<int64_t>& response) {
       return arithmeticReward(response, answers.at(static_cast<size_t>(prompt)), reward_);
     };
-    GrpoStepResult result =
-        grpoStep(*actor, *rollout, reference.get(), prompts, reward, options_, step);
-    if (rankZero && step < dump_rollouts_) dumpRollouts(session.runDir(), step + 1, result, answers);
-    ++step;
-
+    GrpoStepResult result = grpoStep(*this, actorRuntime, rolloutRuntime, referenceRuntime, prompts, reward, options_, index);
+    if (rankZero && index < dump_rollouts_) dumpRollouts(session.runDir(), index + 1, result, answers);
     const auto& m = result.metrics;
-    const double loss = m.at("actor/pg_loss") + (options_.actor.use_kl_loss ? options_.actor.kl_loss_coef * m.at("actor/kl_loss") : 0.0) -
-                        options_.actor.entropy_coeff * m.at("actor/entropy");
-    const double stepTime = since(stepStart);
-    timeTotal += stepTime;
-    tokensTotal += m.at("perf/throughput") * m.at("timing_s/step");
-    summary.final_loss = loss;
-    nlohmann::json line{{"step", step}, {"loss", loss}, {"step_time_s", stepTime}, {"peak_rss_mb", peakRssMb()}};
-    for (const auto& [k, v] : m) line[k] = v;
-    session.writeMetrics(line);
+    StepReport report;
+    report.loss = m.at("actor/pg_loss") +
+                  (options_.actor.use_kl_loss ? options_.actor.kl_loss_coef * m.at("actor/kl_loss") : 0.0) -
+                  options_.actor.entropy_coeff * m.at("actor/entropy");
+    report.grad_norm = m.at("actor/grad_norm");
+    report.lr = m.at("actor/lr");
     // The actor's updates leave themselves out when not finite (the runtime).
-    session.checkStepFinite(step, loss, m.at("actor/grad_norm"), m.at("actor/nonfinite_updates") > 0);
-    session.recordStepReached(step);
-    if (rankZero && (step % logEvery == 0 || step == steps)) {
-      logger()->info("step {}/{}: score {:.3f} pg_loss {:.4f} kl_loss {:.4f} response_length {:.1f} ({:.2f} s: gen "
-                     "{:.2f}, update {:.2f})",
-                     step, steps, m.at("critic/score/mean"), m.at("actor/pg_loss"), m.at("actor/kl_loss"),
-                     m.at("response_length/mean"), stepTime, m.at("timing_s/gen"), m.at("timing_s/update_actor"));
-    }
-    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) evaluate(step);
-    bool saved = false;
-    if ((ckptEvery > 0 && step % ckptEvery == 0) || (step == steps && recipe.getBool("checkpoint.save_final"))) {
-      session.saveCheckpoint(step, {actor.get()});
-      saved = true;
-    }
-    if (session.stopRequested()) {
-      if (!saved) session.saveCheckpoint(step, {actor.get()});
-      session.stopAfterSave(step);
-    }
-  }
-  summary.steps = step;
-  summary.tokens_per_s = timeTotal > 0 ? tokensTotal / timeTotal : 0;
-  summary.wall_s = since(wallStart);
-  return summary;
+    report.nonfinite = m.at("actor/nonfinite_updates") > 0;
+    report.items = m.at("perf/throughput") * m.at("timing_s/step");
+    for (const auto& [k, v] : m) report.metrics[k] = v;
+    report.note = fmt::format("score {:.3f} kl_loss {:.4f} response_length {:.1f} (gen {:.2f} s, update {:.2f} s)",
+                              m.at("critic/score/mean"), m.at("actor/kl_loss"), m.at("response_length/mean"),
+                              m.at("timing_s/gen"), m.at("timing_s/update_actor"));
+    return report;
+  };
+  auto evaluate = [this](ModelRuntime& actorRuntime) {
+    std::map<std::string, double> result;
+    actorRuntime.inference(
+        [&](StagedModel& model, const EvalContext& ctx) { result = LlmTrainer::evaluate(model, ctx); });
+    return result;
+  };
+  GrpoTask task(std::move(actor), std::move(rollout), std::move(reference), step, evaluate);
+  return runTrainingLoop(session, task, "tokens");
 }
 
 }  // namespace ptrain::grpo

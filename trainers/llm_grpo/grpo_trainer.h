@@ -44,8 +44,10 @@ class GrpoTrainer : public llm::LlmTrainer {
   }
   // The actor (parallel.*), the reference (the actor's layout, optionally
   // offloaded) and the rollout (actor_rollout_ref.rollout.tensor_model_
-  // parallel_size x the rest as data parallelism): evaluation before the first
-  // step and every train.eval_every, metrics per step, checkpoints of the actor.
+  // parallel_size x the rest as data parallelism), one grpoStep a step,
+  // through the engine's loop (runTrainingLoop, engine.h): evaluation before
+  // the first step and as for every trainer, metrics, progress, checkpoints of
+  // the actor.
   TrainSummary train(TrainingSession& session) override;
 
  private:

@@ -51,7 +51,7 @@ Batch ppoBatch(const Rollout& rollout, const at::Tensor& advantages, int64_t pad
   return b;
 }
 
-at::Tensor targetLogProbs(ModelRuntime& runtime, const Batch& batch, int64_t microBatchSize) {
+at::Tensor targetLogProbs(const GptModels& models, ModelRuntime& runtime, const Batch& batch, int64_t microBatchSize) {
   PTRAIN_CHECK_AS(ConfigError, runtime.layout().sizes().pp == 1, "runtime '", runtime.name(),
                   "': log-probabilities under a pipeline are not supported yet; use pp 1");
   Batch inputs;
@@ -59,7 +59,7 @@ at::Tensor targetLogProbs(ModelRuntime& runtime, const Batch& batch, int64_t mic
   inputs.tensors["targets"] = batch.at("targets");
   std::vector<at::Tensor> parts;
   runtime.inference([&](StagedModel& model, const EvalContext&) {
-    auto& gpt = static_cast<llm::GptModel&>(model);
+    llm::GptModel& gpt = models.ownModel(model);
     for (const Batch& micro : runtime.microBatches(inputs, microBatchSize)) {
       at::Tensor hidden = gpt.embed(micro);
       for (int i = 0; i < gpt.numBlocks(); ++i) hidden = gpt.runBlock(i, hidden);

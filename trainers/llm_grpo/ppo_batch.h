@@ -32,6 +32,6 @@ Batch ppoBatch(const Rollout& rollout, const at::Tensor& advantages, int64_t pad
 // length], whole on every rank. Each data-parallel rank computes its share of
 // the rows in micro-batches of `microBatchSize` (0: one), and the shares are
 // gathered. Collective over the world; pp 1.
-at::Tensor targetLogProbs(ModelRuntime& runtime, const Batch& batch, int64_t microBatchSize);
+at::Tensor targetLogProbs(const GptModels& models, ModelRuntime& runtime, const Batch& batch, int64_t microBatchSize);
 
 }  // namespace ptrain::grpo

@@ -87,8 +87,8 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
   return out;
 }
 
-Rollout generateOnLayout(ModelRuntime& runtime, const std::vector<std::vector<int64_t>>& prompts,
-                         const RolloutOptions& o) {
+Rollout generateOnLayout(const GptModels& models, ModelRuntime& runtime,
+                         const std::vector<std::vector<int64_t>>& prompts, const RolloutOptions& o) {
   auto dp = runtime.groups().group(GroupKind::kData);
   const int64_t rows = static_cast<int64_t>(prompts.size()) * o.n;
   const int64_t ranks = dp->size();
@@ -103,7 +103,7 @@ Rollout generateOnLayout(ModelRuntime& runtime, const std::vector<std::vector<in
   single.n = 1;
   Rollout local;
   runtime.inference([&](StagedModel& model, const EvalContext&) {
-    local = generate(static_cast<llm::GptModel&>(model), mine, single, first);
+    local = generate(models.ownModel(model), mine, single, first);
   });
 
   Rollout out;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpt_model.h"
+#include "ptrain/engine/model_trainer.h"
 #include "sampling.h"
 
 namespace ptrain {
@@ -18,6 +19,10 @@ class ModelRuntime;
 }
 
 namespace ptrain::grpo {
+
+// The trainer whose buildModel() made a runtime's GPT: ownModel() gives it
+// back as llm::GptModel.
+using GptModels = ModelTrainer<llm::GptModel>;
 
 struct RolloutOptions {
   SamplingOptions sampling;
@@ -50,7 +55,9 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
 // with all of them, so the result is the same on any layout. The model runs
 // in eval mode. Collective over the world. Throws ConfigError when the
 // samples (prompts x n) do not divide by the data-parallel size.
-Rollout generateOnLayout(ModelRuntime& runtime, const std::vector<std::vector<int64_t>>& prompts,
-                         const RolloutOptions& options);
+// `models`: the trainer that built the runtime's GPT (it hands the model
+// back typed).
+Rollout generateOnLayout(const GptModels& models, ModelRuntime& runtime,
+                         const std::vector<std::vector<int64_t>>& prompts, const RolloutOptions& options);
 
 }  // namespace ptrain::grpo

@@ -1,6 +1,7 @@
 #include "sampling.h"
 
-#include <ATen/CPUGeneratorImpl.h>
+#include "ptrain/nn/parameter_init.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -63,7 +64,7 @@ at::Generator rowGenerator(uint64_t seed, int64_t row) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   z ^= z >> 31;
-  return at::make_generator<at::CPUGeneratorImpl>(z);
+  return nn::seededGenerator(z);
 }
 
 }  // namespace ptrain::grpo

@@ -199,6 +199,14 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
   using keys::key;
   using keys::oneOf;
 
+  // The hidden width and the MLP inside the experts in the transformer's
+  // names, the experts' keys (one MoE layer: no moe_layer_freq), and whole
+  // blocks recomputed.
+  schema.add(atLeast(key("model.hidden_size", T::kInt, "64", "Width of the packed hidden state the blocks pass on."), 1));
+  schema.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of each expert's MLP; 0 means 2 * hidden_size."), 0));
+  keys::addMoe(schema);
+  schema.remove("model.moe_layer_freq");
+  keys::addRecompute(schema, /*selective=*/false);
   schema.add(atLeast(key("model.embedding_dim", T::kInt, "16",
                          "Width of every embedding table and of the bottom MLP's output (the interaction's vectors)."),
                      1));
@@ -309,15 +317,6 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   if (fromFiles && recipe.getInt("data.eval_size") > 0 && text("data.validation_path").empty()) {
     recipe.fail("data.validation_path", "not set; evaluation (data.eval_size > 0) scores the records of a "
                                         "validation file: give one, or set data.eval_size: 0");
-  }
-  // Keys of the transformer trainers that this model would otherwise ignore.
-  for (const char* unused : {"model.num_attention_heads", "model.seq_length", "model.num_layers"}) {
-    if (recipe.has(unused)) {
-      recipe.fail(unused, "the recommender's model has no such setting (two blocks: attention, experts); remove it");
-    }
-  }
-  if (recipe.isExplicit("model.moe_layer_freq")) {
-    recipe.fail("model.moe_layer_freq", "the recommender has one MoE layer (block 1); remove it");
   }
 
   datasets::ClicksOptions data;
@@ -469,12 +468,9 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   }
 }
 
-std::shared_ptr<StagedModel> RecommenderTrainer::buildModel(const ModelBuild& build) {
+std::shared_ptr<RecsysModel> RecommenderTrainer::makeModel(const ModelBuild& build) {
   PTRAIN_CHECK(dataset_ || files_, "recommender trainer: buildModel() before setup()");
-  auto model = std::make_shared<RecsysModel>(config_, build);
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const auto& w) { return w.expired(); }), built_.end());
-  built_.push_back(model);
-  return model;
+  return std::make_shared<RecsysModel>(config_, build);
 }
 
 std::optional<plan::MemoryEstimate> RecommenderTrainer::stageMemory(const plan::Layout& layout, int64_t stage) const {
@@ -501,18 +497,10 @@ const datasets::ClicksBestScores& RecommenderTrainer::bestScores() {
   return *best_;
 }
 
-RecsysModel& RecommenderTrainer::ownModel(StagedModel& model) {
-  for (const auto& w : built_) {
-    if (auto p = w.lock(); p && p.get() == &model) return *p;
-  }
-  throw InternalError("recommender trainer: evaluate() got a model that this trainer's buildModel() did not create");
-}
-
-std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, const EvalContext& ctx) {
+std::map<std::string, double> RecommenderTrainer::evaluateModel(RecsysModel& net, const EvalContext& ctx) {
   PTRAIN_CHECK(dataset_ || files_, "recommender trainer: evaluate() before setup()");
   PTRAIN_CHECK(ctx.num_shards >= 1 && ctx.shard >= 0 && ctx.shard < ctx.num_shards, "recommender trainer: eval shard ",
                ctx.shard, " of ", ctx.num_shards);
-  RecsysModel& net = ownModel(model);
   torch::NoGradGuard noGrad;
   if (eval_size_ == 0) return {};
 
@@ -528,11 +516,11 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
   // Under expert parallelism the ranks exchange samples in every forward
   // pass: a rank out of samples runs the first chunk again, uncounted.
   int64_t chunks = (end - begin + chunk - 1) / chunk;
-  if (model.forward_sync) {
+  if (net.forward_sync) {
     at::Tensor most = torch::full({1}, static_cast<double>(chunks), torch::TensorOptions(torch::kFloat64).device(ctx.device));
     AllreduceOptions opts;
     opts.op = ReduceOp::kMax;
-    model.forward_sync->allreduce(most, opts)->wait();
+    net.forward_sync->allreduce(most, opts)->wait();
     chunks = static_cast<int64_t>(most.item<double>());
   }
   // Row 0: probabilities, row 1: labels, each sample in its place; one sum
@@ -545,14 +533,14 @@ std::map<std::string, double> RecommenderTrainer::evaluate(StagedModel& model, c
     Batch batch = (files_ ? files_->validationRows(real ? first : 0, chunk)
                           : dataset_->batch(ClicksSplit::kValidation, real ? first : 0, chunk))
                       .to(ctx.device);
-    at::Tensor hidden = model.forwardHidden(batch);
+    at::Tensor hidden = net.forwardHidden(batch);
     at::Tensor probs;
-    if (model.holdsHead()) {
+    if (net.holdsHead()) {
       probs = torch::sigmoid(net.logits(hidden)).to(torch::kFloat64);
     } else {
       probs = torch::zeros({chunk}, torch::TensorOptions(torch::kFloat64).device(ctx.device));
     }
-    model.shareFromHead(probs);
+    net.shareFromHead(probs);
     if (!real) continue;
     const int64_t used = std::min(chunk, end - first);
     scored[0].narrow(0, first, used).copy_(probs.narrow(0, 0, used));

@@ -37,7 +37,7 @@
 
 #include "click_files.h"
 #include "ptrain/datasets/clicks.h"
-#include "ptrain/engine/trainer.h"
+#include "ptrain/engine/model_trainer.h"
 #include "recsys_model.h"
 
 namespace ptrain::recommender {
@@ -52,7 +52,7 @@ struct RecsysFootprint {
   double last_stage_bytes = 0;
 };
 
-class RecommenderTrainer : public Trainer {
+class RecommenderTrainer : public ModelTrainer<RecsysModel> {
  public:
   explicit RecommenderTrainer(const PluginContext& context);
   ~RecommenderTrainer() override;
@@ -63,18 +63,11 @@ class RecommenderTrainer : public Trainer {
   // model cannot take (tables tp does not split, a micro-batch tp does not
   // divide under experts). Logs the parameters and bytes per rank (rank 0).
   void setup(const Recipe& recipe) override;
-  std::shared_ptr<StagedModel> buildModel(const ModelBuild& build = {}) override;
   // Training samples step * size .. step * size + size - 1 (ClicksDataset::batch).
   Batch globalBatch(int64_t step, int64_t globalBatchSize) override;
   Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   double tokensIn(const Batch& batch) const override;  // samples
   const char* throughputUnit() const override { return "samples"; }
-  // eval_auc and eval_logloss of the click probabilities on validation
-  // samples 0..eval_size-1 (every data-parallel shard's probabilities summed
-  // into one tensor, so every rank scores all of them exactly), eval_loss (the
-  // mean BCE), and best_auc / best_logloss: the hidden model's on the same
-  // samples; with data.term_fit, fit_<term> and fit_r2 (fitTerms).
-  std::map<std::string, double> evaluate(StagedModel& model, const EvalContext& ctx) override;
   // The engine's loop over one runtime, with the tables' sparse optimizer
   // (model.embedding_optimizer) set on its options.
   TrainSummary train(TrainingSession& session) override;
@@ -103,8 +96,16 @@ class RecommenderTrainer : public Trainer {
   std::optional<plan::MemoryEstimate> stageMemory(const plan::Layout& layout, int64_t stage) const override;
   const datasets::ClicksBestScores& bestScores();
 
+ protected:
+  std::shared_ptr<RecsysModel> makeModel(const ModelBuild& build) override;
+  // eval_auc and eval_logloss of the click probabilities on validation
+  // samples 0..eval_size-1 (every data-parallel shard's probabilities summed
+  // into one tensor, so every rank scores all of them exactly), eval_loss (the
+  // mean BCE), and best_auc / best_logloss: the hidden model's on the same
+  // samples; with data.term_fit, fit_<term> and fit_r2 (fitTerms).
+  std::map<std::string, double> evaluateModel(RecsysModel& net, const EvalContext& ctx) override;
+
  private:
-  RecsysModel& ownModel(StagedModel& model);
   // data.term_fit: the coefficients of the model's validation logits on the
   // hidden model's terms (fit_<term>) and the fit's R^2 (fit_r2), into `out`.
   void fitTerms(const at::Tensor& probabilities, std::map<std::string, double>& out);
@@ -123,7 +124,6 @@ class RecommenderTrainer : public Trainer {
   double embedding_weight_decay_ = 0;
   RecsysFootprint footprint_;
   std::vector<int64_t> pipeline_layout_;  // parallel.pipeline_layout, empty when unset
-  std::vector<std::weak_ptr<RecsysModel>> built_;
 };
 
 // The footprint of `config` at tp x pp x ep (etp 1), fp32 parameters and

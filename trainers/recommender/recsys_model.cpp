@@ -7,7 +7,7 @@
 
 #include "ptrain/core/error.h"
 #include "ptrain/core/text.h"
-#include "ptrain/engine/parameter_seed.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "ptrain/nn/tp_comm.h"
 
 namespace ptrain::recommender {
@@ -159,8 +159,7 @@ RecsysModel::RecsysModel(const RecsysConfig& config, const ModelBuild& build)
                                    c.history_length >= 1,
                   "recommender: embedding_dim, hidden_size, ffn_hidden_size, attention_hidden and the history length "
                   "must be >= 1");
-  base_seed_ = static_cast<uint64_t>(
-      torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
+  base_seed_ = nn::modelSeed();
   root_ = RecsysModule(c, build, base_seed_);
   initialiseParameters();
   // A step's table gradients are zero outside the rows it looked up: data

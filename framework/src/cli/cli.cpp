@@ -5,12 +5,14 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
 
 namespace ptrain::cli {
 namespace {
@@ -25,37 +27,15 @@ void addLaunchOptions(CLI::App* cmd, LaunchArgs& launch) {
       ->check(CLI::Range(0, 65535));
 }
 
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // CLI11's words, made specific where a user needs more: a misspelt
 // subcommand gets the nearest real one; --nproc 0 says what is valid.
 std::string parseErrorLine(const CLI::App& app, int argc, char** argv, const std::string& what) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string given = argv[1];
-    bool known = false;
-    std::string best;
-    size_t bestDistance = 3;  // at most 2 edits away
-    for (const CLI::App* sub : app.get_subcommands({})) {
-      const std::string name = sub->get_name();
-      known = known || name == given;
-      const size_t d = editDistance(given, name);
-      if (d < bestDistance) {
-        bestDistance = d;
-        best = name;
-      }
-    }
-    if (!known) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), given) == names.end()) {
+      const std::string best = text::nearest(given, names, 2);
       return "'" + given + "' is not a ptrain command" + (best.empty() ? "" : "; did you mean '" + best + "'?") +
              " (ptrain --help lists them)";
     }

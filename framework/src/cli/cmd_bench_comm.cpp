@@ -9,7 +9,7 @@
 #include "ptrain/comm/bench.h"
 #include "ptrain/comm/rank_env.h"
 #include "ptrain/core/logging.h"
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "ptrain/launch/launcher.h"
 #include "ptrain/plugin/registry.h"
 

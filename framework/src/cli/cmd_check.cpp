@@ -19,6 +19,7 @@
 #include "ptrain/engine/memory_settings.h"
 #include "ptrain/engine/moe_settings.h"
 #include "ptrain/engine/offload.h"
+#include "ptrain/engine/recipe_schema.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
@@ -68,18 +69,32 @@ bool extendSchemaFromTrainer(const Recipe& recipe, Schema& schema, std::string* 
     *whyNot = "trainer.name or plugins.paths is malformed";
     return false;
   }
+  // The plugins' keys are read off the recipe's core keys (precision.name,
+  // the parallel sizes, ...), defaults filled.
+  Recipe probe = recipe;
+  {
+    Schema core;
+    describeCoreKeys(core);
+    probe.validateAll(core, /*allowUnknown=*/true);
+  }
+  std::unique_ptr<PluginRegistry> registry;
   try {
-    PluginRegistry registry(PluginRegistry::defaultSearchPath(paths));
+    registry = std::make_unique<PluginRegistry>(PluginRegistry::defaultSearchPath(paths));
     PluginContext ctx;
     ctx.logger = logger();
     ctx.recipe = &recipe;
     ctx.world_size = std::max(1, worldSize);
-    std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, name, ctx, "trainer.name");
-    static_cast<const Trainer&>(*plugin).describeKeys(schema);
+    std::unique_ptr<Plugin> plugin = registry->create(plugin_kind::kTrainer, name, ctx, "trainer.name");
+    addPluginKeys(schema, probe, *registry, static_cast<const Trainer*>(plugin.get()));
     if (trainerOut != nullptr) *trainerOut = std::move(plugin);
     return true;
   } catch (const PluginLoadError& e) {
     *whyNot = e.what();
+    // The other plugins' keys still count: only the trainer's are missing.
+    try {
+      if (registry) addPluginKeys(schema, probe, *registry, nullptr);
+    } catch (const Error&) {
+    }
     return false;
   }
 }
@@ -181,7 +196,9 @@ int cmdCheck(const CheckArgs& args) {
   }
   const bool trainerKeys = extendSchemaFromTrainer(recipe, schema, &whyNot, nullptr, requestedWorld);
 
-  std::vector<std::string> problems = recipe.validateAll(schema);
+  // Without its trainer, the keys it would declare cannot be told from
+  // unknown ones: only the rest is checked (and the trainer's absence said).
+  std::vector<std::string> problems = recipe.validateAll(schema, /*allowUnknown=*/!trainerKeys);
   // `run` cannot start without its trainer: neither can check pass.
   if (!trainerKeys && recipe.has("trainer.name")) {
     std::string why = whyNot;

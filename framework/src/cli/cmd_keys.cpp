@@ -1,12 +1,14 @@
-// ptrain keys: every recipe key the core knows, as a terminal table or as the
-// markdown table kept in docs/recipes.md; with --trainer NAME, followed by the
-// keys that trainer plugin adds (found on the default plugin search path);
+// ptrain keys: every recipe key the core and the installed plugins know (each
+// plugin's under its name), as a terminal table or as the markdown table kept
+// in docs/recipes.md; with --trainer NAME, followed by the keys that trainer
+// plugin adds (found on the default plugin search path);
 // with --nccl, the NCCL variables the communication.nccl map accepts instead.
 #include <cstdio>
 
 #include "cli/commands.h"
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/engine/recipe_schema.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/schema.h"
@@ -19,12 +21,13 @@ int cmdKeys(bool markdown, const std::string& trainer, bool nccl) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
   }
-  Schema schema;
-  describeCoreKeys(schema);
+  // The core's keys, then each installed plugin's (found on the default
+  // search path), under its name.
+  PluginRegistry registry(PluginRegistry::defaultSearchPath({}));
+  const Schema schema = installedKeys(registry, /*withTrainers=*/false);
   std::string out = markdown ? schema.markdown() : schema.text();
   if (!trainer.empty()) {
     // Throws PluginLoadError (one line, exit 2) for a trainer that is not found.
-    PluginRegistry registry(PluginRegistry::defaultSearchPath({}));
     PluginContext ctx;
     ctx.logger = logger();
     std::unique_ptr<Plugin> plugin = registry.create(plugin_kind::kTrainer, trainer, ctx, "--trainer");

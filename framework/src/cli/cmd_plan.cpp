@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "ptrain/core/logging.h"
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/layout/validation.h"
@@ -338,7 +338,7 @@ plan::Layout planLayoutOf(const Recipe& recipe, const LayoutPlan& sized) {
   layout.schedule = recipe.getString("parallel.pipeline_schedule");
   layout.micro_batch = sized.micro_batch_size;
   layout.global_batch = sized.global_batch_size;
-  layout.recompute = recipe.getString("model.recompute");
+  if (recipe.has("model.recompute")) layout.recompute = recipe.getString("model.recompute");
   layout.precision = recipe.getString("precision.name");
   layout.optimizer = recipe.getString("optimizer.name");
   layout.sgd_momentum = recipe.getFloat("optimizer.momentum") > 0;

@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 
 namespace ptrain {
 namespace {

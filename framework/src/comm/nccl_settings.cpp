@@ -8,8 +8,8 @@
 #include <map>
 #include <set>
 
+#include "ptrain/core/text.h"
 #include "ptrain/recipe/recipe.h"
-#include "recipe/text_util.h"
 
 namespace ptrain::nccl {
 namespace {

@@ -22,7 +22,7 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/core/text.h"
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "ptrain/engine/op_counter.h"
 #include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/trainer.h"
@@ -272,8 +272,9 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
   o.device = device_;
   o.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   o.precision = recipe.getString("precision.name");
-  o.recompute = recipe.getString("model.recompute");
-  o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
+  // Keys of the trainers whose models recompute (keys::addRecompute).
+  if (recipe.has("model.recompute")) o.recompute = recipe.getString("model.recompute");
+  if (recipe.has("model.recompute_num_layers")) o.recompute_num_layers = recipe.getInt("model.recompute_num_layers");
   o.offload = OffloadSettings::fromRecipe(recipe, runDir());
   if (recipe.has("train.max_memory_mb")) o.max_memory_mb = recipe.getFloat("train.max_memory_mb");
   if (recipe.has("parallel.data_parallel_shares")) {
@@ -384,114 +385,157 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer) {
   return defaultTrainingLoop(session, trainer, session.runtimeOptions());
 }
 
+TrainingTask::~TrainingTask() = default;
+
+namespace {
+
+// The default task: one runtime of the trainer's model, batches that are a
+// pure function of the step.
+class OneModelTask final : public TrainingTask {
+ public:
+  OneModelTask(TrainingSession& session, Trainer& trainer, const RuntimeOptions& options)
+      : trainer_(trainer), runtime_(session.makeRuntime(options)) {
+    const Recipe& recipe = session.recipe();
+    globalBatch_ = recipe.getInt("train.global_batch_size");
+    micro_ = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : 0;
+  }
+
+  std::vector<ModelRuntime*> checkpointed() override { return {runtime_.get()}; }
+
+  StepReport step(int64_t step) override {
+    // Only this rank's rows of the global batch are made.
+    const auto [rowsBegin, rowsEnd] = runtime_->dataRows(globalBatch_);
+    const Batch rows = trainer_.batchRows(step, globalBatch_, rowsBegin, rowsEnd);
+    StepInput input;
+    input.step = step;
+    input.micro_batches = runtime_->cutMicroBatches(rows, micro_);
+    // Items the loss is averaged over, counted on the whole global batch (the
+    // data-parallel ranks' rows together) so every split of it normalises
+    // the same way; its tokens, for throughput.
+    const std::vector<double> counts = runtime_->sumOverDataParallel({trainer_.lossCount(rows), trainer_.tokensIn(rows)});
+    input.loss_divisor = counts[0];
+    const StepResult result = runtime_->step(input);
+    StepReport report;
+    report.loss = result.loss;
+    report.lr = result.lr;
+    report.grad_norm = result.grad_norm;
+    report.nonfinite = result.nonfinite;
+    report.applied = result.applied;
+    report.items = counts[1];
+    // Rank 0's: its share of the global batch.
+    report.micro_batches = static_cast<int64_t>(input.micro_batches.size());
+    for (const auto& [k, v] : result.stats) report.metrics[k] = v;
+    if (runtime_->device().is_cuda()) report.metrics["peak_device_mb"] = peakDeviceMemoryMb(runtime_->device());
+    report.note = scaleNote(result);
+    return report;
+  }
+
+  std::map<std::string, double> evaluate() override {
+    std::map<std::string, double> result;
+    runtime_->inference([&](StagedModel& model, const EvalContext& ctx) { result = trainer_.evaluate(model, ctx); });
+    return result;
+  }
+
+ private:
+  Trainer& trainer_;
+  std::unique_ptr<ModelRuntime> runtime_;
+  int64_t globalBatch_ = 1;
+  int64_t micro_ = 0;
+};
+
+}  // namespace
+
 TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, const RuntimeOptions& options) {
+  OneModelTask task(session, trainer, options);
+  return runTrainingLoop(session, task, trainer.throughputUnit());
+}
+
+TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const std::string& unit) {
   const Recipe& recipe = session.recipe();
   const auto wallStart = Clock::now();
   const bool isRankZero = session.isRankZero();
 
-  std::unique_ptr<ModelRuntime> runtime = session.makeRuntime(options);
-
   const int64_t steps = recipe.getInt("train.steps");
-  const int64_t globalBatch = recipe.getInt("train.global_batch_size");
-  const int64_t micro = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : 0;
   const int64_t evalEvery = recipe.getInt("train.eval_every");
   const int64_t logEvery = recipe.getInt("train.log_every");
   const int64_t ckptEvery = recipe.getInt("checkpoint.every");
 
   int64_t step = 0;
   if (session.resuming()) {
-    step = session.restoreLatest({runtime.get()});
+    step = session.restoreLatest(task.checkpointed());
     if (isRankZero) logger()->info("resumed from step {} in {}", step, session.runDir());
   } else if (recipe.has("checkpoint.load")) {
     // Another run's weights (a GRPO run's actor too); optimizer and data fresh.
     const std::string from = recipe.getString("checkpoint.load");
-    const int64_t loaded = session.loadWeightsFrom(from, {"model", "actor"}, {runtime.get()});
+    const int64_t loaded = session.loadWeightsFrom(from, {"model", "actor"}, task.loadTargets());
     if (isRankZero) {
       logger()->info("weights from {}{}; optimizer and data start fresh", from,
                      loaded >= 0 ? " (step " + std::to_string(loaded) + ")" : std::string());
     }
   }
-  Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, trainer.throughputUnit());
-  session.beginTraining(step);
+  Progress progress(isRankZero, recipe.getString("log.progress"), steps, step, unit);
 
-  auto evaluate = [&]() {
-    std::map<std::string, double> result;
-    runtime->inference([&](StagedModel& model, const EvalContext& ctx) { result = trainer.evaluate(model, ctx); });
-    return result;
+  TrainSummary summary;
+  summary.throughput_unit = unit;
+  auto evaluate = [&](int64_t atStep) {
+    summary.eval = task.evaluate();
+    nlohmann::json evalLine{{"step", atStep}};
+    for (const auto& [k, v] : summary.eval) evalLine[k] = v;
+    session.writeMetrics(evalLine);
+    progress.note(formatEval(atStep, summary.eval));
   };
+  if (step == 0 && task.evaluatesAtStart()) evaluate(0);
+  session.beginTraining(step);
 
   std::optional<OpCounter> opCounter;
   if (recipe.getBool("log.count_ops")) opCounter.emplace();
 
-  TrainSummary summary;
-  summary.throughput_unit = trainer.throughputUnit();
-  double tokensTotal = 0, timeTotal = 0;
+  double itemsTotal = 0, timeTotal = 0;
   while (step < steps) {
     const auto stepStart = Clock::now();
-    // Only this rank's rows of the global batch are made.
-    const auto [rowsBegin, rowsEnd] = runtime->dataRows(globalBatch);
-    const Batch rows = trainer.batchRows(step, globalBatch, rowsBegin, rowsEnd);
-    StepInput input;
-    input.step = step;
-    input.micro_batches = runtime->cutMicroBatches(rows, micro);
-    // Items the loss is averaged over, counted on the whole global batch (the
-    // data-parallel ranks' rows together) so every split of it normalises
-    // the same way; its tokens, for throughput.
-    const std::vector<double> counts = runtime->sumOverDataParallel({trainer.lossCount(rows), trainer.tokensIn(rows)});
-    input.loss_divisor = counts[0];
     if (opCounter) opCounter->reset();
-    StepResult result = runtime->step(input);
+    StepReport report = task.step(step);
     const int64_t ops = opCounter ? opCounter->count() : 0;
     ++step;
 
     const double stepTime = seconds(stepStart);
-    const double tokens = counts[1];
-    tokensTotal += tokens;
+    itemsTotal += report.items;
     timeTotal += stepTime;
-    summary.final_loss = result.loss;
+    summary.final_loss = report.loss;
 
     nlohmann::json line{{"step", step},
-                        {"loss", result.loss},
-                        {"lr", result.lr},
-                        {"grad_norm", result.grad_norm},
-                        {"tokens_per_s", tokens / stepTime},
+                        {"loss", report.loss},
+                        {"lr", report.lr},
+                        {"grad_norm", report.grad_norm},
+                        {"tokens_per_s", report.items / stepTime},
                         {"step_time_s", stepTime},
                         {"peak_rss_mb", peakRssMb()},
-                        // Rank 0's: its share of the global batch.
-                        {"micro_batches", static_cast<int64_t>(input.micro_batches.size())}};
-    if (runtime->device().is_cuda()) line["peak_device_mb"] = peakDeviceMemoryMb(runtime->device());
-    if (!result.applied) line["skipped"] = true;
-    if (result.nonfinite) line["nonfinite"] = true;
+                        {"micro_batches", report.micro_batches}};
+    if (!report.applied) line["skipped"] = true;
+    if (report.nonfinite) line["nonfinite"] = true;
     if (opCounter) line["aten_ops"] = ops;
-    for (const auto& [k, v] : result.stats) line[k] = v;
+    for (const auto& [k, v] : report.metrics.items()) line[k] = v;
     session.writeMetrics(line);
-    session.checkStepFinite(step, result.loss, result.grad_norm, result.nonfinite);
+    session.checkStepFinite(step, report.loss, report.grad_norm, report.nonfinite);
     session.recordStepReached(step);
-    progress.update(step, result.loss, tokens / stepTime, step % logEvery == 0 || step == steps,
-                    scaleNote(result));
+    progress.update(step, report.loss, report.items / stepTime, step % logEvery == 0 || step == steps, report.note);
 
-    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) {
-      summary.eval = evaluate();
-      nlohmann::json evalLine{{"step", step}};
-      for (const auto& [k, v] : summary.eval) evalLine[k] = v;
-      session.writeMetrics(evalLine);
-      progress.note(formatEval(step, summary.eval));
-    }
+    if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) evaluate(step);
     bool saved = false;
     if ((ckptEvery > 0 && step % ckptEvery == 0) ||
         (step == steps && recipe.getBool("checkpoint.save_final"))) {
-      session.saveCheckpoint(step, {runtime.get()});
+      session.saveCheckpoint(step, task.checkpointed());
       saved = true;
     }
     if (session.stopRequested()) {
       progress.finish();
-      if (!saved) session.saveCheckpoint(step, {runtime.get()});
+      if (!saved) session.saveCheckpoint(step, task.checkpointed());
       session.stopAfterSave(step);
     }
   }
   progress.finish();
   summary.steps = step;
-  summary.tokens_per_s = timeTotal > 0 ? tokensTotal / timeTotal : 0;
+  summary.tokens_per_s = timeTotal > 0 ? itemsTotal / timeTotal : 0;
   summary.wall_s = seconds(wallStart);
   return summary;
 }

@@ -8,6 +8,8 @@ namespace ptrain {
 std::vector<std::string> checkMemorySettings(const Recipe& recipe) {
   std::vector<std::string> problems;
   const std::string key = "model.recompute_num_layers";
+  // A trainer without recomputation does not declare the keys.
+  if (!recipe.has(key)) return problems;
   const int64_t layers = recipe.getInt(key);
   if (!recipe.isExplicit(key) || layers == 0) return problems;
   const std::string where = recipe.location(key).str() + ": ";

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace fs = std::filesystem;
@@ -18,7 +18,9 @@ OffloadSettings OffloadSettings::fromRecipe(const Recipe& recipe, const std::str
   s.params = recipe.getBool("offload.params");
   s.grads = recipe.getBool("offload.grads");
   s.optimizer = recipe.getBool("offload.optimizer");
-  s.tier = recipe.getString("offload.tier");
+  s.plugin = recipe.getString("offload.name");
+  // offload/tiered's key; another offload plugin reads its own.
+  if (recipe.has("offload.tier")) s.tier = recipe.getString("offload.tier");
   s.folder = (fs::path(runDir) / "offload").string();
   return s;
 }
@@ -57,7 +59,7 @@ std::vector<std::string> checkOffload(const Recipe& recipe) {
   if (!OffloadSettings::fromRecipe(recipe, "").any()) return problems;
   const std::string key = firstKeyOn(recipe);
   const std::string where = recipe.location(key).str() + ": ";
-  const std::string tier = recipe.getString("offload.tier");
+  const std::string tier = recipe.has("offload.tier") ? recipe.getString("offload.tier") : "auto";
   const bool cuda = computesOnCuda(recipe);
   if (cuda && tier == "disk") {
     problems.push_back(recipe.location("offload.tier").str() +
@@ -79,7 +81,7 @@ std::vector<std::string> checkOffload(const Recipe& recipe) {
 std::vector<std::string> offloadWarnings(const Recipe& recipe) {
   std::vector<std::string> warnings;
   if (!recipe.getBool("offload.params") || !computesOnCuda(recipe)) return warnings;
-  const std::string mode = recipe.getString("model.recompute");
+  const std::string mode = recipe.has("model.recompute") ? recipe.getString("model.recompute") : "none";
   if (mode != "full") {
     warnings.push_back(recipe.location("offload.params").str() +
                        ": offload.params=true on cuda with model.recompute=" + mode +

@@ -10,7 +10,7 @@
 #include "ptrain/recipe/recipe.h"
 #include "adamw_kernel.h"
 #include "sparse_rows.h"
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 
 namespace ptrain {
 

@@ -15,14 +15,31 @@ int clampSize(int64_t n) { return static_cast<int>(std::min<int64_t>(n, INT_MAX)
 
 }  // namespace
 
-std::vector<std::string> parallelPluginsFor(const LayoutSizes& sizes, bool experts) {
-  std::vector<std::string> names;
-  if (sizes.tp > 1) names.push_back("tensor");
-  if (sizes.cp > 1) names.push_back("context");
-  if (experts || sizes.ep > 1 || sizes.etp > 1) names.push_back("expert");
-  if (sizes.pp > 1) names.push_back("pipeline");
-  names.push_back("data");
-  return names;
+std::vector<std::string> layoutDimensionsUsed(const LayoutSizes& sizes, bool experts) {
+  std::vector<std::string> dims;
+  if (sizes.tp > 1) dims.push_back("tp");
+  if (sizes.cp > 1) dims.push_back("cp");
+  if (experts || sizes.ep > 1) dims.push_back("ep");
+  if (sizes.etp > 1) dims.push_back("etp");
+  if (sizes.pp > 1) dims.push_back("pp");
+  dims.push_back("dp");
+  return dims;
+}
+
+ParallelPluginPick pickParallelPlugins(const LayoutSizes& sizes, bool experts, PluginRegistry& registry) {
+  ParallelPluginPick pick;
+  const std::vector<PluginInfo>& found = registry.plugins();
+  for (const std::string& dim : layoutDimensionsUsed(sizes, experts)) {
+    auto it = std::find_if(found.begin(), found.end(), [&](const PluginInfo& p) {
+      return p.kind == plugin_kind::kParallel && std::find(p.executes.begin(), p.executes.end(), dim) != p.executes.end();
+    });
+    if (it == found.end()) {
+      pick.missing.push_back(dim);
+    } else if (std::find(pick.plugins.begin(), pick.plugins.end(), it->name) == pick.plugins.end()) {
+      pick.plugins.push_back(it->name);
+    }
+  }
+  return pick;
 }
 
 std::vector<std::string> checkParallelPlugins(const LayoutRequest& request, PluginRegistry& registry) {
@@ -38,47 +55,40 @@ std::vector<std::string> checkParallelPlugins(const LayoutRequest& request, Plug
   sizes.ep = moe ? clampSize(request.ep) : 1;
   sizes.etp = moe ? clampSize(request.etp) : 1;
 
-  // The size keys each plugin executes.
+  // The size key of each dimension.
   struct Dimension {
-    const char* plugin;
+    const char* dim;
     const char* key;
     int64_t size;
   };
   const std::vector<Dimension> dimensions = {
-      {"tensor", "parallel.tensor_model_parallel_size", request.tp},
-      {"context", "parallel.context_parallel_size", request.cp},
-      {"expert", "parallel.expert_model_parallel_size", sizes.ep},
-      {"expert", "parallel.expert_tensor_parallel_size", sizes.etp},
-      {"pipeline", "parallel.pipeline_model_parallel_size", request.pp},
+      {"tp", "parallel.tensor_model_parallel_size", request.tp},
+      {"cp", "parallel.context_parallel_size", request.cp},
+      {"ep", "parallel.expert_model_parallel_size", sizes.ep},
+      {"etp", "parallel.expert_tensor_parallel_size", sizes.etp},
+      {"pp", "parallel.pipeline_model_parallel_size", request.pp},
   };
   auto where = [&](const std::string& key) { return request.where ? request.where(key) + ": " : std::string(); };
 
-  const std::vector<PluginInfo>& found = registry.plugins();
-  auto installed = [&](const std::string& name) {
-    return std::any_of(found.begin(), found.end(), [&](const PluginInfo& p) {
-      return p.kind == plugin_kind::kParallel && p.name == name;
-    });
-  };
-
   std::vector<std::string> out;
-  for (const std::string& name : parallelPluginsFor(sizes, moe)) {
-    if (installed(name)) continue;
-    const std::string missing = "parallel/" + name + " is not installed";
-    if (name == "data") {
-      out.push_back(where("plugins.paths") + "no parallel plugin reduces the gradients across ranks (" + missing +
-                    ", and every run needs it); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH");
+  for (const std::string& dim : pickParallelPlugins(sizes, moe, registry).missing) {
+    if (dim == "dp") {
+      out.push_back(where("plugins.paths") + "no installed parallel plugin executes dp, which reduces the gradients "
+                    "across ranks (every run needs it: parallel/data is built in); add its folder to plugins.paths "
+                    "or PTRAIN_PLUGIN_PATH");
       continue;
     }
-    if (name == "expert" && sizes.ep == 1 && sizes.etp == 1) {
-      out.push_back(where("model.num_experts") + "a MoE model needs the plugin that places its experts (" + missing +
-                    "); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH, or set num_experts to 0");
+    if (dim == "ep" && sizes.ep == 1) {
+      out.push_back(where("model.num_experts") + "a MoE model needs a parallel plugin that places its experts (none "
+                    "installed executes ep); add its folder to plugins.paths or PTRAIN_PLUGIN_PATH, or set "
+                    "num_experts to 0");
       continue;
     }
     for (const auto& d : dimensions) {
-      if (d.plugin != name || d.size <= 1) continue;
+      if (d.dim != dim) continue;
       const std::string shortKey = std::string(d.key).substr(std::string(d.key).find('.') + 1);
-      out.push_back(where(d.key) + shortKey + "=" + std::to_string(d.size) + ": no parallel plugin executes it (" +
-                    missing + "); set it to 1");
+      out.push_back(where(d.key) + shortKey + "=" + std::to_string(d.size) + ": no installed parallel plugin executes " +
+                    dim + "; set it to 1");
     }
   }
   return out;

@@ -13,12 +13,14 @@ PrecisionPlugin::~PrecisionPlugin() = default;
 PrecisionSettings PrecisionSettings::fromRecipe(const Recipe& r) {
   PrecisionSettings s;
   s.name = r.getString("precision.name");
-  s.loss_scale = r.getFloat("precision.loss_scale");
-  s.initial_loss_scale = r.getFloat("precision.initial_loss_scale");
-  s.min_loss_scale = r.getFloat("precision.min_loss_scale");
-  s.loss_scale_window = r.getInt("precision.loss_scale_window");
-  s.hysteresis = r.getInt("precision.hysteresis");
-  s.fp16_lm_cross_entropy = r.getBool("precision.fp16_lm_cross_entropy");
+  // The loss scale's keys are precision/fp16's: under another plugin they
+  // are not in the schema, and the defaults here stand.
+  if (r.has("precision.loss_scale")) s.loss_scale = r.getFloat("precision.loss_scale");
+  if (r.has("precision.initial_loss_scale")) s.initial_loss_scale = r.getFloat("precision.initial_loss_scale");
+  if (r.has("precision.min_loss_scale")) s.min_loss_scale = r.getFloat("precision.min_loss_scale");
+  if (r.has("precision.loss_scale_window")) s.loss_scale_window = r.getInt("precision.loss_scale_window");
+  if (r.has("precision.hysteresis")) s.hysteresis = r.getInt("precision.hysteresis");
+  if (r.has("precision.fp16_lm_cross_entropy")) s.fp16_lm_cross_entropy = r.getBool("precision.fp16_lm_cross_entropy");
   return s;
 }
 
@@ -33,10 +35,6 @@ LossScalerOptions PrecisionSettings::scalerOptions() const {
 }
 
 namespace {
-
-// Keys only the fp16 plugin reads.
-constexpr const char* kFp16Keys[] = {"loss_scale",        "initial_loss_scale", "min_loss_scale",
-                                     "loss_scale_window", "hysteresis",         "fp16_lm_cross_entropy"};
 
 // "file:line:col: key: ", how a problem line starts.
 std::string at(const Recipe& recipe, const std::string& key) { return recipe.location(key).str() + ": " + key + ": "; }
@@ -65,17 +63,9 @@ void checkLossScale(const Recipe& recipe, std::vector<std::string>& problems) {
 std::vector<std::string> checkPrecision(const Recipe& recipe, PluginRegistry& registry) {
   std::vector<std::string> problems;
   const std::string name = recipe.getString("precision.name");
-  if (name != "fp16") {
-    for (const char* k : kFp16Keys) {
-      const std::string key = std::string("precision.") + k;
-      if (recipe.isExplicit(key)) {
-        problems.push_back(at(recipe, key) + "applies to fp16 only, and precision.name is " + name +
-                           "; remove it or set precision.name: fp16");
-      }
-    }
-  } else {
-    checkLossScale(recipe, problems);
-  }
+  // fp16's keys under another plugin are refused by the schema (they are
+  // precision/fp16's own, engine/recipe_schema.h).
+  if (recipe.has("precision.loss_scale")) checkLossScale(recipe, problems);
   if (!problems.empty()) return problems;
   // The plugin, made once here: a name no plugin has fails with the installed
   // ones listed, and settings it refuses fail before any worker starts.

@@ -13,6 +13,7 @@
 #include "ptrain/engine/moe_settings.h"
 #include "ptrain/engine/offload.h"
 #include "ptrain/engine/recipe_layout.h"
+#include "ptrain/engine/recipe_schema.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/engine/weights_source.h"
 #include "engine/checkpointer.h"
@@ -74,6 +75,14 @@ void checkWeightsSource(const Recipe& recipe, const Trainer& trainer) {
   }
 }
 
+// One ConfigError with a line per problem; nothing when there is none.
+void throwProblems(const std::vector<std::string>& problems) {
+  if (problems.empty()) return;
+  std::ostringstream os;
+  for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
+  throw ConfigError(os.str());
+}
+
 }  // namespace
 
 PreparedRecipe::PreparedRecipe() = default;
@@ -117,31 +126,40 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
     if (why.rfind("trainer.name: ", 0) == 0) why = why.substr(std::string("trainer.name: ").size());
     probe.fail("trainer.name", why);
   }
-  out.trainer->describeKeys(schema);
+  // Its keys, and those of every plugin the recipe uses.
+  addPluginKeys(schema, probe, *out.registry, out.trainer.get());
   out.recipe.validate(schema);
 
   out.world_size = worldSize > 0 ? worldSize : static_cast<int>(out.recipe.getInt("launch.nproc"));
-  const LayoutRequest layout = layoutRequestFromRecipe(out.recipe, out.world_size);
+  LayoutRequest layout = layoutRequestFromRecipe(out.recipe, out.world_size);
   // communication.nccl is a free-form map to the schema: NCCL's table checks it.
   auto problems = nccl::checkRecipe(out.recipe);
-  for (auto& p : checkLayout(layout)) problems.push_back(std::move(p));
-  // A size no installed plugin executes would only repeat the same work.
-  for (auto& p : checkParallelPlugins(layout, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkPrecision(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkMoeSettings(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkMemorySettings(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
-  if (!problems.empty()) {
-    std::ostringstream os;
-    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "\n" : "") << problems[i];
-    throw ConfigError(os.str());
+  {
+    // The sizes alone before the trainer sets up (its setup may rely on a
+    // layout that splits the world); the model's shape after.
+    LayoutRequest sizesOnly = layout;
+    sizesOnly.num_layers = sizesOnly.hidden_size = sizesOnly.num_attention_heads = sizesOnly.ffn_hidden_size =
+        sizesOnly.seq_length = sizesOnly.moe_router_topk = std::nullopt;
+    sizesOnly.num_experts = layout.num_experts;
+    for (auto& p : checkLayout(sizesOnly)) problems.push_back(std::move(p));
   }
+  throwProblems(problems);
+  out.trainer->setup(out.recipe);
+  // The layout checks read the model's shape as the trainer built it.
+  if (const auto shape = out.trainer->modelShape()) applyModelShape(layout, *shape);
+  problems = checkLayout(layout);
+  // A size no installed plugin executes would only repeat the same work.
+  for (auto& p : checkParallelPlugins(layout, *out.registry)) problems.push_back(std::move(p));
+  throwProblems(problems);
   out.warnings = layoutWarnings(layout);
   const LayoutPlan sized = planLayout(layout);
   for (auto& w : memorySettingWarnings(out.recipe, sized.dp, sized.edp)) out.warnings.push_back(std::move(w));
-  out.trainer->setup(out.recipe);
   checkModelBuildsSlices(out.recipe, layout, *out.trainer);
   checkWeightsSource(out.recipe, *out.trainer);
   return out;
@@ -164,7 +182,10 @@ bool sameValue(const std::string& a, const std::string& b) {
 std::vector<std::string> recipeChanges(const std::string& beforePath, const PreparedRecipe& after) {
   Schema schema;
   describeCoreKeys(schema);
-  after.trainer->describeKeys(schema);
+  {
+    Recipe probe = after.recipe;
+    addPluginKeys(schema, probe, *after.registry, after.trainer.get());
+  }
   Recipe before = Recipe::load(beforePath);
   // Its defaults filled as the new recipe's were; a problem it has under
   // today's schema is the new recipe's business, not a change.

@@ -53,6 +53,16 @@ LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize) {
   return q;
 }
 
+void applyModelShape(LayoutRequest& q, const plan::ModelShape& shape) {
+  q.num_layers = shape.num_layers;
+  q.hidden_size = shape.hidden;
+  q.num_attention_heads = shape.heads;
+  q.ffn_hidden_size = shape.ffn;
+  q.seq_length = shape.seq;
+  q.num_experts = shape.num_experts;
+  q.moe_router_topk = shape.topk;
+}
+
 ParallelLayout layoutFromRecipe(const Recipe& recipe, int worldSize) {
   LayoutSizes s;
   s.world = worldSize;

@@ -144,10 +144,19 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   LayoutSizes sizes = options_.layout.sizes();
   if (!experts) sizes.ep = sizes.etp = 1;
   const bool distributedOptimizer = options_.optimizer && options_.optimizer->distributed;
-  for (const auto& name : parallelPluginsFor(sizes, experts)) {
+  const ParallelPluginPick pick = pickParallelPlugins(sizes, experts, registry);
+  PTRAIN_CHECK_AS(ConfigError, pick.missing.empty(), "runtime '", options_.name,
+                  "': no installed parallel plugin executes ", pick.missing.front());
+  for (const auto& name : pick.plugins) {
     // The distributed optimizer reduces (reduce-scatters) the gradients over
-    // the data-parallel groups itself.
-    if (name == "data" && distributedOptimizer) continue;
+    // the data-parallel groups itself: the plugin that executes dp alone is
+    // left out.
+    if (distributedOptimizer) {
+      const PluginInfo* info = nullptr;
+      for (const auto& p : registry.plugins())
+        if (p.kind == plugin_kind::kParallel && p.name == name) info = &p;
+      if (info != nullptr && info->executes == std::vector<std::string>{"dp"}) continue;
+    }
     pluginObjects_.push_back(registry.create(plugin_kind::kParallel, name, ctx, "parallel"));
     parallel_.push_back(static_cast<ParallelPlugin*>(pluginObjects_.back().get()));
   }
@@ -221,7 +230,7 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   // allocates its state.
   OffloadPlugin* offload = nullptr;
   if (options_.offload.any()) {
-    pluginObjects_.push_back(registry.create(plugin_kind::kOffload, "tiered", ctx, "offload.params"));
+    pluginObjects_.push_back(registry.create(plugin_kind::kOffload, options_.offload.plugin, ctx, "offload.name"));
     offload = static_cast<OffloadPlugin*>(pluginObjects_.back().get());
     offload->attachModel(*model_, options_.offload);
     // The innermost block hook: inside a recomputation, around the block alone.

@@ -7,8 +7,7 @@
 #include <cmath>
 #include <set>
 
-#include "ptrain/engine/parameter_seed.h"
-#include "ptrain/engine/placement.h"
+#include "ptrain/nn/parameter_seed.h"
 #include "ptrain/nn/deferred_init.h"
 
 namespace ptrain::nn {
@@ -243,7 +242,7 @@ EmbeddingTablesImpl::~EmbeddingTablesImpl() = default;
 
 std::vector<std::pair<std::string, int>> EmbeddingTablesImpl::splitParameters() const {
   std::vector<std::pair<std::string, int>> out;
-  if (options_.shard_count > 1) return out;  // built sharded: placeShards
+  if (options_.shard_count > 1) return out;  // built sharded: builtShards() says what
   for (size_t t = 0; t < plan_.tables.size(); ++t) {
     if (plan_.tables[t].sharding == TableSharding::kRowWise) out.emplace_back(plan_.tables[t].parameter, 0);
   }
@@ -251,16 +250,16 @@ std::vector<std::pair<std::string, int>> EmbeddingTablesImpl::splitParameters() 
   return out;
 }
 
-void EmbeddingTablesImpl::placeShards(Placement& placement, const std::string& prefix) const {
-  const int count = options_.shard_count;
-  if (count <= 1) return;
-  auto place = [&](const std::string& local, int64_t fullRows) {
-    placement.addShard(prefix + local, ShardSpec{GroupKind::kTensor, 0, count, options_.shard_rank, fullRows});
-  };
+std::vector<TensorParallelSplit> EmbeddingTablesImpl::builtShards() const {
+  std::vector<TensorParallelSplit> out;
+  if (options_.shard_count <= 1) return out;
   for (size_t t = 0; t < plan_.tables.size(); ++t) {
-    if (plan_.tables[t].sharding == TableSharding::kRowWise) place(plan_.tables[t].parameter, plan_.padded_rows[t]);
+    if (plan_.tables[t].sharding == TableSharding::kRowWise) {
+      out.push_back(TensorParallelSplit{plan_.tables[t].parameter, 0, plan_.padded_rows[t]});
+    }
   }
-  if (plan_.hasTableWise()) place("table_wise", plan_.slots * plan_.slot_rows);
+  if (plan_.hasTableWise()) out.push_back(TensorParallelSplit{"table_wise", 0, plan_.slots * plan_.slot_rows});
+  return out;
 }
 
 int64_t EmbeddingTablesImpl::tableIndex(const std::string& name) const {

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 #include "fused_rows_f32.h"
 #include "ptrain/nn/host_fallback.h"
 #if PTRAIN_WITH_CUDA

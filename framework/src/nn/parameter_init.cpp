@@ -1,9 +1,11 @@
 #include "ptrain/nn/parameter_init.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 
 namespace ptrain::nn {
 namespace {
@@ -162,5 +164,24 @@ void fillShard(at::Tensor& shard, const ParameterInit& init, const std::vector<i
     shard.copy_(values);
   }
 }
+
+uint64_t modelSeed() {
+  return static_cast<uint64_t>(
+      torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kInt64).item<int64_t>());
+}
+
+at::Tensor drawParameter(const ParameterInit& init, const std::vector<int64_t>& fullSizes,
+                         const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> at0(fullSizes.size(), 0);
+  const std::vector<int64_t>& start = offsets.empty() ? at0 : offsets;
+  const std::vector<int64_t>& shape = sizes.empty() ? fullSizes : sizes;
+  PTRAIN_CHECK(start.size() == fullSizes.size() && shape.size() == fullSizes.size(),
+               "drawParameter: offsets and sizes need one entry per dimension of the parameter");
+  at::Tensor block = torch::empty(shape, torch::kFloat32);
+  fillShard(block, init, fullSizes, start);
+  return block;
+}
+
+at::Generator seededGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 }  // namespace ptrain::nn

@@ -4,28 +4,25 @@
 
 #include <set>
 
-#include "ptrain/engine/model.h"
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/parallel_layers.h"
 
-namespace ptrain {
+namespace ptrain::nn {
 
-namespace nn {
-
-std::vector<std::string> shardTensorParallel(StagedModel& model, const TensorParallelState& state) {
-  TensorParallelPlan plan = model.tensorParallelPlan();
-  auto named = model.module().named_parameters();
+TensorParallelShards shardTensorParallel(torch::nn::Module& module, const TensorParallelLayers& layers,
+                                         const TensorParallelState& state) {
+  auto named = module.named_parameters();
   auto param = [&](const std::string& name) -> at::Tensor& {
     at::Tensor* p = named.find(name);
     PTRAIN_CHECK(p != nullptr, "tensor parallel plan names parameter '", name, "', which the model does not have");
     return *p;
   };
-  // A group of one keeps every parameter whole and records nothing.
+  // A group of one keeps every parameter whole and reports nothing.
   if (!state.active()) return {};
 
   std::set<std::string> done;
-  std::vector<std::string> partial;
-  for (const auto& [prefix, layer] : plan.layers) {
+  TensorParallelShards out;
+  for (const auto& [prefix, layer] : layers.layers) {
     PTRAIN_CHECK(layer != nullptr, "tensor parallel plan: null layer at '", prefix, "'");
     for (const auto& [local, dim] : layer->splitParameters()) {
       const std::string name = prefix + local;
@@ -40,37 +37,38 @@ std::vector<std::string> shardTensorParallel(StagedModel& model, const TensorPar
       // The parameter object stays (the module's member, the registered
       // parameter and tied users all see the slice).
       narrowParameter(p, dim, state.rank * chunk, chunk);
-      model.placement.addShard(name, ShardSpec{GroupKind::kTensor, dim, state.size, state.rank, full});
+      out.splits.push_back(TensorParallelSplit{name, dim, full});
     }
     if (state.sequence_parallel) {
-      for (const auto& local : layer->sequenceParallelPartialParameters()) partial.push_back(prefix + local);
+      for (const auto& local : layer->sequenceParallelPartialParameters()) out.partial.push_back(prefix + local);
     }
   }
   if (state.sequence_parallel) {
-    for (const auto& name : plan.sequence_parallel_params) partial.push_back(name);
+    for (const auto& name : layers.sequence_parallel_params) out.partial.push_back(name);
   }
-  for (const auto& name : partial) {
+  for (const auto& name : out.partial) {
     param(name);  // exists
-    PTRAIN_CHECK(model.placement.of(name).shardAlong(GroupKind::kTensor) == nullptr, "tensor parallel plan: '",
-                 name, "' is split, so its gradient is not a partial sum");
-    model.placement.edit(name).partial_gradient = true;
+    PTRAIN_CHECK(done.count(name) == 0, "tensor parallel plan: '", name,
+                 "' is split, so its gradient is not a partial sum");
   }
-  return partial;
+  return out;
 }
 
-void setTensorParallelState(StagedModel& model, std::shared_ptr<const TensorParallelState> state) {
+void setTensorParallelState(const TensorParallelLayers& layers, std::shared_ptr<const TensorParallelState> state) {
   PTRAIN_CHECK(state != nullptr, "setTensorParallelState: null state");
-  for (const auto& [prefix, layer] : model.tensorParallelPlan().layers) layer->setTensorParallel(state);
-  model.setTensorParallel(state);
+  for (const auto& [prefix, layer] : layers.layers) {
+    PTRAIN_CHECK(layer != nullptr, "tensor parallel plan: null layer at '", prefix, "'");
+    layer->setTensorParallel(state);
+  }
 }
 
-std::vector<std::string> applyTensorParallel(StagedModel& model, std::shared_ptr<const TensorParallelState> state) {
+TensorParallelShards applyTensorParallel(torch::nn::Module& module, const TensorParallelLayers& layers,
+                                         std::shared_ptr<const TensorParallelState> state) {
   PTRAIN_CHECK(state != nullptr, "applyTensorParallel: null state");
   torch::NoGradGuard noGrad;
-  std::vector<std::string> partial = shardTensorParallel(model, *state);
-  setTensorParallelState(model, std::move(state));
-  return partial;
+  TensorParallelShards shards = shardTensorParallel(module, layers, *state);
+  setTensorParallelState(layers, std::move(state));
+  return shards;
 }
 
-}  // namespace nn
-}  // namespace ptrain
+}  // namespace ptrain::nn

@@ -73,10 +73,6 @@ double blockActivationUnits(const ModelShape& m, const Layout& l, int64_t index,
 
 }  // namespace
 
-int64_t Layout::microBatches() const {
-  const int64_t perRank = global_batch / std::max<int64_t>(1, dp);
-  return std::max<int64_t>(1, perRank / std::max<int64_t>(1, micro_batch));
-}
 
 const std::vector<DeviceSpec>& devicePresets() {
   // Published dense peaks (fp32 without TF32; bf16/fp16 on tensor cores; V100

@@ -14,6 +14,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "ptrain/core/logging.h"
+#include "ptrain/core/text.h"
 
 namespace fs = std::filesystem;
 
@@ -122,18 +123,6 @@ std::vector<std::string> splitColon(const std::string& s) {
   return out;
 }
 
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 }  // namespace
 
 struct PluginRegistry::Impl {
@@ -161,6 +150,16 @@ std::vector<std::string> PluginRegistry::defaultSearchPath(const std::vector<std
     paths.push_back(PTRAIN_PLUGIN_BUILD_DIR);
   }
   return paths;
+}
+
+const std::vector<std::string>& layoutDimensions() {
+  static const std::vector<std::string> dimensions = {"tp", "cp", "ep", "etp", "pp", "dp"};
+  return dimensions;
+}
+
+bool isLayoutDimension(const std::string& name) {
+  const auto& all = layoutDimensions();
+  return std::find(all.begin(), all.end(), name) != all.end();
 }
 
 PluginInfo PluginRegistry::inspect(const std::string& path) {
@@ -195,6 +194,29 @@ PluginInfo PluginRegistry::inspect(const std::string& path) {
   }
   if (info.name.empty() || desc.factory == nullptr) {
     throw PluginLoadError(detail::concat(path, ": the descriptor has no name or no factory"));
+  }
+  info.keys = desc.describe_keys;
+  if (info.kind == plugin_kind::kParallel) {
+    const std::string executes = desc.executes ? desc.executes : "";
+    std::string part;
+    for (size_t i = 0; i <= executes.size(); ++i) {
+      if (i < executes.size() && executes[i] != ',') {
+        if (executes[i] != ' ') part += executes[i];
+        continue;
+      }
+      if (part.empty()) continue;
+      if (!isLayoutDimension(part)) {
+        throw PluginLoadError(detail::concat(path, ": parallel plugin '", info.name, "' executes '", part,
+                                             "', which is not a layout dimension: use tp, cp, ep, etp, pp or dp"));
+      }
+      info.executes.push_back(part);
+      part.clear();
+    }
+    if (info.executes.empty()) {
+      throw PluginLoadError(detail::concat(path, ": parallel plugin '", info.name,
+                                           "' names no dimension it executes: give its class `static constexpr "
+                                           "const char* kExecutes` (tp, cp, ep, etp, pp or dp)"));
+    }
   }
   return info;
 }
@@ -265,15 +287,7 @@ std::unique_ptr<Plugin> PluginRegistry::create(const std::string& kind, const st
       throw PluginLoadError(detail::concat(who, "'", name, "' is a ", otherKind->kind, " plugin (", otherKind->path,
                                            "), not a ", kind, " plugin"));
     }
-    std::string suggestion;
-    size_t best = 3;
-    for (const auto& n : sameKind) {
-      size_t d = editDistance(n, name);
-      if (d < best) {
-        best = d;
-        suggestion = n;
-      }
-    }
+    const std::string suggestion = text::nearest(name, sameKind, 2);
     std::ostringstream known;
     for (size_t i = 0; i < sameKind.size(); ++i) known << (i ? ", " : "") << sameKind[i];
     std::ostringstream searched;

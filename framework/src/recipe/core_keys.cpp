@@ -1,8 +1,6 @@
 // The keys of the sections the core owns. Names follow Megatron-LM where it
-// has one, so a Megatron user recognises every parallel and model key. The
-// model keys here are the shape the layout checks read; a model key only a
-// trainer reads (vocab_size, dropout, ...) belongs to that trainer's
-// describeKeys.
+// has one, so a Megatron user recognises every parallel key. Keys a plugin
+// reads belong to that plugin (schema.h).
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/schema.h"
 
@@ -31,31 +29,6 @@ void describeCoreKeys(Schema& s) {
             "Folders or library files searched for plugins before PTRAIN_PLUGIN_PATH and the built-in plugin folder."));
 
   s.add(required("trainer.name", T::kString, "Trainer plugin that builds the model, data and loss, e.g. `llm`."));
-
-  s.add(atLeast(key("model.num_layers", T::kInt, "", "Transformer blocks (the repeated layer); split across pipeline stages."), 1));
-  s.add(atLeast(key("model.hidden_size", T::kInt, "", "Width of the hidden states."), 1));
-  s.add(atLeast(key("model.num_attention_heads", T::kInt, "", "Attention heads per layer; split across tensor-parallel ranks."), 1));
-  s.add(atLeast(key("model.ffn_hidden_size", T::kInt, "0", "Width of the MLP inside each block; 0 means 4 * hidden_size."), 0));
-  s.add(atLeast(key("model.seq_length", T::kInt, "", "Tokens per sample."), 1));
-  s.add(oneOf(key("model.recompute", T::kString, "none",
-                  "Activation recomputation: `full` (a block keeps only its input and recomputes its forward in "
-                  "backward), `selective` (only the attention core is recomputed; the model must support it, as the "
-                  "llm trainer's GPT does), or `none`."),
-              {"none", "selective", "full"}));
-  s.add(atLeast(key("model.recompute_num_layers", T::kInt, "0",
-                    "With recompute: full, the first this many blocks of each pipeline stage are recomputed; 0: every "
-                    "block."),
-                0));
-  s.add(atLeast(key("model.num_experts", T::kInt, "0", "Experts per MoE layer; 0 builds a dense model."), 0));
-  s.add(atLeast(key("model.moe_router_topk", T::kInt, "2", "Experts each token is routed to (MoE only)."), 1));
-  s.add(atLeast(key("model.moe_layer_freq", T::kInt, "1", "Every this many blocks (0, freq, 2 freq, ...) has a MoE MLP; the others a dense one (MoE only)."), 1));
-  s.add(oneOf(key("model.moe_router_score_function", T::kString, "softmax", "Router scores: `softmax` or `sigmoid` (normalised over the chosen experts) (MoE only)."),
-              {"softmax", "sigmoid"}));
-  s.add(key("model.moe_router_pre_softmax", T::kBool, "false", "Softmax over every expert before the top-k (true) or over the top-k logits (false) (MoE only)."));
-  s.add(atLeast(key("model.moe_aux_loss_coeff", T::kFloat, "0", "Coefficient of the load-balancing (switch) loss; 0 turns it off (MoE only)."), 0));
-  s.add(atLeast(key("model.moe_z_loss_coeff", T::kFloat, "0", "Coefficient of the router z-loss; 0 turns it off (MoE only)."), 0));
-  s.add(above(key("model.moe_expert_capacity_factor", T::kFloat, "", "Tokens an expert takes, as a multiple of an even share; over it the lowest-probability tokens are dropped. Not set: dropless (MoE only)."), 0));
-  s.add(key("model.moe_pad_expert_input_to_capacity", T::kBool, "false", "Every expert computes exactly its capacity of rows (padding with zero-gate tokens); needs moe_expert_capacity_factor (MoE only)."));
 
   s.add(key("data.name", T::kString, "", "Dataset the trainer reads, e.g. `arithmetic`."));
 
@@ -113,13 +86,7 @@ void describeCoreKeys(Schema& s) {
             "NCCL environment variables (NCCL_SOCKET_IFNAME: eth0, ...) checked against NCCL's documented ones and exported to every worker; the environment wins (`ptrain keys --nccl` lists them)."));
 
   s.add(key("precision.name", T::kString, "fp32",
-            "Precision plugin: `fp32`; `bf16` (bf16 parameters and activations, fp32 master weights and gradient accumulation); `fp16` (the same in fp16, with a loss scale); or a plugin's name."));
-  s.add(atLeast(key("precision.loss_scale", T::kFloat, "0", "fp16: 0 scales the loss dynamically; a positive value is a constant scale."), 0));
-  s.add(above(key("precision.initial_loss_scale", T::kFloat, "4294967296", "fp16, dynamic: the scale of the first step (2^32)."), 0));
-  s.add(above(key("precision.min_loss_scale", T::kFloat, "1", "fp16, dynamic: the scale never backs off below this."), 0));
-  s.add(atLeast(key("precision.loss_scale_window", T::kInt, "1000", "fp16, dynamic: clean steps in a row before the scale doubles."), 1));
-  s.add(atLeast(key("precision.hysteresis", T::kInt, "2", "fp16, dynamic: overflowing steps tolerated before the scale halves."), 1));
-  s.add(key("precision.fp16_lm_cross_entropy", T::kBool, "false", "fp16: the output projection's cross-entropy in fp16 (true) or fp32 (false)."));
+            "Precision plugin: `fp32`; `bf16` (bf16 parameters and activations, fp32 master weights and gradient accumulation); `fp16` (the same in fp16, with a loss scale: its keys are listed under its name); or a plugin's name."));
 
   s.add(oneOf(key("cpu.allocator", T::kString, "caching",
                   "Host memory for tensors: `caching` keeps freed blocks for reuse (no page faults once sizes repeat), `system` calls malloc and free for each."),
@@ -128,16 +95,12 @@ void describeCoreKeys(Schema& s) {
                   "Linear layers and attention on the CPU: `ptrain` splits their products over one thread pool itself (BLAS on one thread per call), `libtorch` uses libtorch's ops."),
               {"ptrain", "libtorch"}));
 
-  s.add(key("offload.params", T::kBool, "false", "Keep each block's parameters in the offload tier between its forward and backward passes (offload/tiered)."));
+  s.add(key("offload.params", T::kBool, "false", "Keep each block's parameters in the offload plugin's tier between its forward and backward passes."));
   s.add(key("offload.grads", T::kBool, "false", "Keep gradients in the offload tier; backward accumulates into them there."));
   s.add(key("offload.optimizer", T::kBool, "false", "Keep optimizer states and float32 masters in the offload tier; the optimizer steps one parameter at a time on the host."));
-  s.add(oneOf(key("offload.tier", T::kString, "auto", "Where offloaded tensors rest: `disk` (memory-mapped files under the run folder's offload/, on cpu), `pinned` (page-locked host memory, on cuda); `auto` picks the tier of the device."),
-              {"auto", "disk", "pinned"}));
-
-  s.add(key("fusion.masked_softmax", T::kBool, "false", "Attention's scale, causal or padding mask and softmax in one pass, forward and backward."));
-  s.add(key("fusion.bias_gelu", T::kBool, "false", "The MLP's bias add and GELU in one pass, forward and backward."));
-  s.add(key("fusion.layernorm", T::kBool, "false", "LayerNorm forward and backward in one pass each, with the residual add before it."));
-  s.add(key("fusion.bias_dropout_add", T::kBool, "false", "Bias add, dropout and the residual add in one pass (attention output and MLP output)."));
+  s.add(key("offload.name", T::kString, "tiered",
+            "Offload plugin that keeps parameters, gradients or optimizer states out of device memory when its keys "
+            "(offload.params, ...) ask it to; its keys are listed under its name."));
 
   s.add(atLeast(key("checkpoint.every", T::kInt, "0", "Save every this many steps; 0 saves only the final checkpoint (if save_final)."), 0));
   s.add(atLeast(key("checkpoint.keep", T::kInt, "3", "Newest checkpoints kept on disk; 0 keeps all."), 0));

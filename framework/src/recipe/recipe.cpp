@@ -497,6 +497,10 @@ std::vector<std::string> Recipe::validateAll(const Schema& schema, bool allowUnk
     }
     // Unknown. Blame the first unknown level once when nothing close exists.
     if (allowUnknown) continue;
+    if (const std::string* reason = schema.unusedReason(path)) {
+      problems.push_back(leaf.key_loc.str() + ": " + path + ": " + *reason);
+      continue;
+    }
     std::string suggestion = schema.suggest(path);
     if (!suggestion.empty()) {
       problems.push_back(leaf.key_loc.str() + ": " + path + ": unknown key; did you mean '" + suggestion + "'?");

@@ -245,6 +245,7 @@ void Schema::add(KeySpec spec) {
     bool above = k.path.compare(0, spec.path.size() + 1, spec.path + ".") == 0;
     PTRAIN_CHECK(!(below || above), where, "clashes with key '", k.path, "'");
   }
+  if (spec.owner.empty()) spec.owner = owner_;
   auto it = index_.find(spec.path);
   if (it != index_.end()) {
     keys_[it->second] = std::move(spec);
@@ -252,6 +253,36 @@ void Schema::add(KeySpec spec) {
     index_.emplace(spec.path, keys_.size());
     keys_.push_back(std::move(spec));
   }
+}
+
+void Schema::addFrom(const std::string& owner, const std::function<void(Schema&)>& describe) {
+  const std::string before = owner_;
+  owner_ = owner;
+  try {
+    describe(*this);
+  } catch (...) {
+    owner_ = before;
+    throw;
+  }
+  owner_ = before;
+}
+
+void Schema::remove(const std::string& path) {
+  auto it = index_.find(path);
+  if (it == index_.end()) return;
+  keys_.erase(keys_.begin() + static_cast<std::ptrdiff_t>(it->second));
+  index_.clear();
+  for (size_t i = 0; i < keys_.size(); ++i) index_.emplace(keys_[i].path, i);
+}
+
+void Schema::addUnused(const std::string& path, std::string reason) {
+  unused_.emplace(path, std::move(reason));
+}
+
+const std::string* Schema::unusedReason(const std::string& path) const {
+  if (index_.count(path) != 0) return nullptr;
+  auto it = unused_.find(path);
+  return it == unused_.end() ? nullptr : &it->second;
 }
 
 const KeySpec* Schema::find(const std::string& path) const {
@@ -369,20 +400,24 @@ std::string escapeCell(const std::string& s) {
 
 std::string Schema::markdown() const {
   std::ostringstream os;
-  std::vector<std::string> sections;
-  for (const auto& k : keys_) {
-    std::string s = section(k.path);
-    if (std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
+  // (owner, section) in order of first appearance, the core's first.
+  std::vector<std::pair<std::string, std::string>> groups;
+  for (int core = 1; core >= 0; --core) {
+    for (const auto& k : keys_) {
+      if (k.owner.empty() != static_cast<bool>(core)) continue;
+      std::pair<std::string, std::string> g{k.owner, section(k.path)};
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
   }
   bool first = true;
-  for (const auto& s : sections) {
+  for (const auto& [owner, s] : groups) {
     if (!first) os << "\n";
     first = false;
-    os << "### `" << s << "`\n\n";
+    os << "### `" << s << "`" << (owner.empty() ? "" : " (plugin `" + owner + "`)") << "\n\n";
     os << "| Key | Type | Default | Allowed | Meaning |\n";
     os << "|---|---|---|---|---|\n";
     for (const auto& k : keys_) {
-      if (section(k.path) != s) continue;
+      if (k.owner != owner || section(k.path) != s) continue;
       std::string def = defaultText(k);
       if (!k.required && !k.default_value.empty()) def = "`" + escapeCell(def) + "`";
       std::string allowed;
@@ -412,7 +447,19 @@ std::string Schema::text() const {
   std::ostringstream os;
   os << pad("key", wPath) << "  " << pad("type", wType) << "  " << pad("default", wDefault) << "  "
      << pad("allowed", wAllowed) << "  meaning\n";
+  std::vector<std::string> owners;
+  for (int core = 1; core >= 0; --core) {
+    for (const auto& k : keys_) {
+      if (k.owner.empty() == static_cast<bool>(core) &&
+          std::find(owners.begin(), owners.end(), k.owner) == owners.end())
+        owners.push_back(k.owner);
+    }
+  }
+  for (const auto& owner : owners)
   for (const auto& k : keys_) {
+    if (k.owner != owner) continue;
+    if (!owner.empty() && &k == &*std::find_if(keys_.begin(), keys_.end(), [&](const KeySpec& o) { return o.owner == owner; }))
+      os << "keys of plugin " << owner << ":\n";
     os << pad(k.path, wPath) << "  " << pad(toString(k.type), wType) << "  " << pad(defaultText(k), wDefault)
        << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << meaningText(k) << "\n";
   }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "ptrain/core/error.h"
+#include "ptrain/recipe/key_specs.h"
 #include "tiers.h"
 
 namespace ptrain {
@@ -22,6 +23,16 @@ std::unique_ptr<OffloadPlugin> tierFor(const PluginContext& ctx) {
 class TieredOffload final : public OffloadPlugin {
  public:
   explicit TieredOffload(const PluginContext& ctx) : tier_(tierFor(ctx)) {}
+
+  // Which tier: the levers themselves (offload.params, .grads, .optimizer)
+  // are the engine's, which calls any offload plugin's hooks for them.
+  static void recipeKeys(Schema& s) {
+    using T = ValueType;
+    using keys::key;
+    using keys::oneOf;
+    s.add(oneOf(key("offload.tier", T::kString, "auto", "Where offloaded tensors rest: `disk` (memory-mapped files under the run folder's offload/, on cpu), `pinned` (page-locked host memory, on cuda); `auto` picks the tier of the device."),
+                {"auto", "disk", "pinned"}));
+  }
 
   void attachModel(StagedModel& model, const OffloadSettings& settings) override {
     tier_->attachModel(model, settings);

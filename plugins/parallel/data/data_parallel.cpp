@@ -67,6 +67,8 @@ struct ReduceSet {
 
 class DataParallel final : public ParallelPlugin {
  public:
+  // The layout dimensions it executes: gradient reduction over the data-parallel groups.
+  static constexpr const char* kExecutes = "dp";
   explicit DataParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) {
       bucketBytes_ = static_cast<int64_t>(ctx.recipe->getFloat("parallel.grad_bucket_size_mb") * (1 << 20));

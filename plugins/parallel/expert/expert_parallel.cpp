@@ -51,6 +51,8 @@ using namespace ptrain;
 
 class ExpertParallel final : public ParallelPlugin {
  public:
+  // The layout dimensions it executes: the experts over the expert grid.
+  static constexpr const char* kExecutes = "ep,etp";
   explicit ExpertParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
   }

@@ -53,6 +53,8 @@ bool startsWithAny(const std::string& name, const std::vector<std::string>& pref
 
 class PipelineParallel final : public ParallelPlugin {
  public:
+  // The layout dimensions it executes: pipeline stages (and their virtual chunks).
+  static constexpr const char* kExecutes = "pp";
   explicit PipelineParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe == nullptr) return;
     const Recipe& recipe = *ctx.recipe;

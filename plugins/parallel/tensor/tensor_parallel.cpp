@@ -21,7 +21,7 @@
 #include "ptrain/engine/gradients.h"
 #include "ptrain/engine/model.h"
 #include "ptrain/engine/parallel.h"
-#include "ptrain/nn/tensor_parallel.h"
+#include "ptrain/engine/tensor_parallel.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace {
@@ -30,6 +30,8 @@ using namespace ptrain;
 
 class TensorParallel final : public ParallelPlugin {
  public:
+  // The layout dimensions it executes: Megatron tensor parallelism (and sequence parallelism inside the tp group).
+  static constexpr const char* kExecutes = "tp";
   explicit TensorParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe != nullptr) sequenceParallel_ = ctx.recipe->getBool("parallel.sequence_parallel");
   }

@@ -203,7 +203,52 @@ class PTRAIN_API TrainingSession {
   void recordIo(int64_t step, const char* what, double seconds, double bytes);
 };
 
-// The engine's training loop over one runtime (Trainer::train's default).
+// What one training step reports to the engine's loop: its row of
+// metrics.jsonl and its progress line.
+struct StepReport {
+  double loss = 0;       // the step's training loss (what the progress line shows)
+  double lr = 0;         // learning rate of the step's (last) update
+  double grad_norm = 0;  // before clipping, of the step's (last) update
+  // Its loss or gradient norm was not finite and nothing (an fp16 loss
+  // scale) owned the skip: train.on_nonfinite decides.
+  bool nonfinite = false;
+  bool applied = true;   // false: the update was skipped (written as "skipped")
+  double items = 0;      // of the trainer's throughputUnit(), over every rank
+  int64_t micro_batches = 0;  // rank 0's, per step
+  nlohmann::json metrics = nlohmann::json::object();  // further fields of the row
+  std::string note;      // after the loss on the progress line (e.g. fp16's scale)
+};
+
+// One training run's steps, as the engine's loop drives them. The loop
+// (runTrainingLoop) does the rest alike for every trainer: resume and
+// checkpoint.load, the progress display (log.progress), one metrics.jsonl row
+// per step with the operator count (log.count_ops), train.on_nonfinite,
+// evaluation every train.eval_every steps and after the last, checkpoints
+// (checkpoint.every, save_final), and the stop signals (checkpoint.on_signal).
+// Every rank makes the same calls in the same order.
+class PTRAIN_API TrainingTask {
+ public:
+  virtual ~TrainingTask();
+  // The runtimes a checkpoint holds and a resume restores, in that order.
+  virtual std::vector<ModelRuntime*> checkpointed() = 0;
+  // The runtimes checkpoint.load starts from another run's weights (the
+  // trained model; a frozen copy of it, such as GRPO's reference).
+  virtual std::vector<ModelRuntime*> loadTargets() { return checkpointed(); }
+  // Step `step` (0-based) on this rank. Collective.
+  virtual StepReport step(int64_t step) = 0;
+  // The eval_* metrics of the model as it is now. Collective.
+  virtual std::map<std::string, double> evaluate() = 0;
+  // Evaluate once before the first step of a fresh run too (step 0), as
+  // GRPO reports the starting policy.
+  virtual bool evaluatesAtStart() const { return false; }
+};
+
+// The engine's training loop over `task`; `unit` names what StepReport::items
+// counts ("tokens", "samples").
+PTRAIN_API TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const std::string& unit);
+
+// The engine's training loop over one runtime (Trainer::train's default):
+// runTrainingLoop over the trainer's model on the recipe's layout.
 PTRAIN_API TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer);
 // The same loop over a runtime made with `options` (session.runtimeOptions()
 // changed by the trainer, e.g. a sparse optimizer for its tables).

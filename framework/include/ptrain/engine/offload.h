@@ -42,6 +42,8 @@ struct PTRAIN_API OffloadSettings {
   // auto: disk on cpu (memory-mapped files under `folder`), pinned on cuda
   // (page-locked host memory); `disk` and `pinned` ask for one by name.
   std::string tier = "auto";
+  // offload.name: the offload plugin that serves these settings.
+  std::string plugin = "tiered";
   std::string folder;  // the run folder's offload/ subfolder
 
   bool any() const { return params || grads || optimizer; }

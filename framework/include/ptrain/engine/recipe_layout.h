@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ptrain/core/error.h"
+#include "ptrain/layout/model_shape.h"
 #include "ptrain/layout/parallel_layout.h"
 #include "ptrain/layout/validation.h"
 
@@ -24,10 +25,18 @@ namespace ptrain {
 
 class Recipe;
 
-// The request for `worldSize` ranks. Model sizes the recipe leaves unset stay
-// unset (not checked). The request keeps its own copy of what `where` needs,
-// so it may outlive `recipe`.
+// The request for `worldSize` ranks. The request keeps its own copy of what
+// `where` needs, so it may outlive `recipe`. Its model sizes are the model's
+// shape as the trainer reports it (applyModelShape, from
+// Trainer::modelShape() after setup): `ptrain run` and `ptrain check` set
+// them so. Before a trainer is at hand they are read from the Megatron-named
+// model.* keys a trainer declares (keys::addTransformerShape, keys::addMoe),
+// and stay unset (not checked) where the recipe has none.
 PTRAIN_API LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize);
+
+// Sets the request's model sizes (layers, hidden, heads, ffn, sequence,
+// experts, top-k) to `shape`'s.
+PTRAIN_API void applyModelShape(LayoutRequest& request, const plan::ModelShape& shape);
 
 // The rank grid for `worldSize` ranks. Following Megatron, the expert
 // tensor-parallel size is tensor_model_parallel_size unless the recipe sets

@@ -15,9 +15,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "ptrain/plan/cost_model.h"
 #include "ptrain/engine/batch.h"
 #include "ptrain/engine/model.h"
+#include "ptrain/layout/model_shape.h"
 #include "ptrain/plugin/plugin.h"
 #include "ptrain/recipe/schema.h"
 
@@ -77,8 +77,8 @@ class PTRAIN_API Trainer : public Plugin {
   virtual const char* throughputUnit() const { return "tokens"; }
   // FLOPs of one training step on `tokens` tokens (forward + backward), for MFU.
   virtual double trainFlops(double tokens) const { return 0; }
-  // After setup: the model's shape for the planner's cost model (`ptrain
-  // plan`, plan/cost_model.h); nullopt for a model it cannot size.
+  // After setup: the model's shape for the layout checks and the planner's
+  // cost model (`ptrain check`, `ptrain plan`; layout/model_shape.h); nullopt for a model it cannot size.
   virtual std::optional<plan::ModelShape> modelShape() const { return std::nullopt; }
   // After setup, for a model that is not GPT-shaped (modelShape() is
   // nullopt): what one rank of pipeline stage `stage` of `layout` holds

@@ -34,7 +34,8 @@
 // tensor-parallel rank shard_rank of shard_count holds (the same values the
 // tensor plugin would slice out of the full build), so no rank ever holds a
 // whole table. It then declares no split to the tensor plugin; the model
-// records the splits itself with placeShards() (in its setTensorParallel,
+// records the splits itself (builtShards(), recorded with
+// nn::recordBuiltShards of engine/tensor_parallel.h in its setTensorParallel,
 // which the plugin calls after the layers), and checkpoints see the same full
 // shapes as before.
 //
@@ -63,10 +64,7 @@
 #include "ptrain/core/error.h"
 #include "ptrain/nn/parameter_init.h"
 #include "ptrain/nn/parallel_layers.h"
-
-namespace ptrain {
-class Placement;
-}
+#include "ptrain/nn/tensor_parallel.h"
 
 namespace ptrain::nn {
 
@@ -176,11 +174,11 @@ class PTRAIN_API EmbeddingTablesImpl : public torch::nn::Module, public Parallel
   // Every row-wise table and the table-wise pack, along dimension 0; none
   // when the module was built sharded (shard_count > 1).
   std::vector<std::pair<std::string, int>> splitParameters() const override;
-  // Built sharded: records the split of every row-wise table and the pack
-  // (tensor axis, dimension 0, full rows) under `prefix` (the module's name
-  // in the model, e.g. "embeddings."). Does nothing otherwise (the tensor
-  // plugin records them as it slices).
-  void placeShards(Placement& placement, const std::string& prefix) const;
+  // Built sharded: the split of every row-wise table and the pack (dimension
+  // 0 of the tensor group, full rows; this rank holds piece
+  // options().shard_rank of options().shard_count), under the module's own
+  // names. Empty otherwise (the tensor plugin records them as it slices).
+  std::vector<TensorParallelSplit> builtShards() const;
 
   // How the parameter `local` ("row_wise.<table>" or "table_wise") starts:
   // any block of its rows, drawn alone (the tables' values, zero padding).

@@ -60,4 +60,29 @@ PTRAIN_API void fillShard(at::Tensor& shard, const ParameterInit& init, const st
 // splitmix64's finaliser: the hash every counter-based draw goes through.
 PTRAIN_API uint64_t splitmix64(uint64_t z);
 
+// The helpers a model needs to start its parameters as the engine requires
+// (Trainer::buildModel's contract), without libtorch's generator internals:
+//
+//   base_seed_ = nn::modelSeed();                       // once, as the model is built
+//   auto init = nn::ParameterInit::normal(parameterSeed(base_seed_, name), 0, 0.02);
+//   at::Tensor block = nn::drawParameter(init, {rows, cols}, {row0, 0}, {myRows, cols});
+//
+// modelSeed: one draw of libtorch's default CPU generator, which the engine
+// seeds with train.seed before it builds a model, so equal seeds give equal
+// models on every rank and layout. Every parameter's own stream is then
+// parameterSeed(modelSeed(), its name) (nn/parameter_seed.h).
+PTRAIN_API uint64_t modelSeed();
+
+// A new float32 host tensor holding the block of a parameter of `fullSizes`
+// that starts at `offsets` and has `sizes` (the whole tensor when both are
+// empty), drawn by `init` (fillShard): what a rank that holds only that block
+// of the parameter starts from. Throws InternalError for a block outside the
+// tensor.
+PTRAIN_API at::Tensor drawParameter(const ParameterInit& init, const std::vector<int64_t>& fullSizes,
+                                    const std::vector<int64_t>& offsets = {}, const std::vector<int64_t>& sizes = {});
+
+// A CPU random generator of its own, seeded with `seed` (e.g. for sampling or
+// a data order), independent of the default one.
+PTRAIN_API at::Generator seededGenerator(uint64_t seed);
+
 }  // namespace ptrain::nn

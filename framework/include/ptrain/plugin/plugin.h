@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include <boost/dll/alias.hpp>
 #include <c10/core/Device.h>
@@ -25,10 +26,13 @@ class logger;
 namespace ptrain {
 
 class Recipe;
+class Schema;
 
 // Bumped whenever a class crossing the plugin boundary changes layout or
 // virtual table. A plugin built against another ABI version is refused.
-inline constexpr uint32_t kPluginAbiVersion = 2;
+// 3: the descriptor declares the plugin's recipe keys and, for a parallel
+// plugin, the layout dimensions it executes.
+inline constexpr uint32_t kPluginAbiVersion = 3;
 
 // Kinds of plugin the core knows how to use.
 namespace plugin_kind {
@@ -60,6 +64,11 @@ class PTRAIN_API Plugin {
 };
 
 using PluginFactory = Plugin* (*)(const PluginContext&);
+// Adds the plugin's own recipe keys to a schema (keys::key and the other
+// builders of ptrain/recipe/key_specs.h). The core calls it for the plugins a
+// recipe uses, so a key of a plugin the recipe does not use is refused as
+// unknown; the plugin reads its keys itself, through PluginContext::recipe.
+using PluginKeysFunction = void (*)(Schema&);
 
 // Exported by every plugin library. Plain data only, so the loader can read it
 // without trusting anything else in the library.
@@ -70,7 +79,37 @@ struct PluginDescriptor {
   const char* name;
   const char* version;
   PluginFactory factory;  // returns a new object; the caller owns it
+  // The plugin's recipe keys (the class's static `recipeKeys(Schema&)`);
+  // null: it has none.
+  PluginKeysFunction describe_keys;
+  // A parallel plugin: the layout dimensions it executes, comma-separated,
+  // from tp, cp, ep, etp, pp, dp (the class's static `kExecutes`); the engine
+  // applies the plugins a layout needs by these, in that order. Null for
+  // every other kind.
+  const char* executes;
 };
+
+namespace detail {
+// What PTRAIN_DEFINE_PLUGIN reads from the plugin's class when it has it:
+// `static void recipeKeys(Schema&)` and `static constexpr const char*
+// kExecutes`.
+template <class C, class = void>
+struct PluginKeysOf {
+  static constexpr PluginKeysFunction value = nullptr;
+};
+template <class C>
+struct PluginKeysOf<C, std::void_t<decltype(&C::recipeKeys)>> {
+  static constexpr PluginKeysFunction value = &C::recipeKeys;
+};
+template <class C, class = void>
+struct PluginExecutesOf {
+  static constexpr const char* value = nullptr;
+};
+template <class C>
+struct PluginExecutesOf<C, std::void_t<decltype(C::kExecutes)>> {
+  static constexpr const char* value = C::kExecutes;
+};
+}  // namespace detail
 
 }  // namespace ptrain
 
@@ -92,7 +131,10 @@ struct PluginDescriptor {
 
 // PTRAIN_DEFINE_PLUGIN(kind, name, version, Class): exports the descriptor of a
 // plugin whose object is `new Class(context)`. Use once, in one .cpp file of
-// the plugin, at global namespace scope.
+// the plugin, at global namespace scope. A class with a static
+// `recipeKeys(Schema&)` declares its keys through it; a parallel plugin's
+// class names the dimensions it executes in `static constexpr const char*
+// kExecutes = "tp";`.
 #define PTRAIN_DEFINE_PLUGIN(kind_, name_, version_, Class)                   \
   namespace {                                                                \
   ::ptrain::Plugin* ptrainCreatePlugin(const ::ptrain::PluginContext& ctx) {  \
@@ -102,5 +144,6 @@ struct PluginDescriptor {
   extern "C" const ::ptrain::PluginDescriptor ptrain_descriptor_instance;     \
   const ::ptrain::PluginDescriptor ptrain_descriptor_instance{                \
       ::ptrain::kPluginAbiVersion, PTRAIN_BUILD_TAG, kind_, name_, version_,  \
-      &ptrainCreatePlugin};                                                  \
+      &ptrainCreatePlugin, ::ptrain::detail::PluginKeysOf<Class>::value,       \
+      ::ptrain::detail::PluginExecutesOf<Class>::value};                     \
   BOOST_DLL_ALIAS(ptrain_descriptor_instance, ptrain_plugin_descriptor)

@@ -25,7 +25,16 @@ struct PluginInfo {
   std::string version;
   std::string path;
   std::string build_tag;
+  // Its recipe keys (PluginDescriptor::describe_keys); null: none.
+  PluginKeysFunction keys = nullptr;
+  // A parallel plugin: the layout dimensions it executes ("tp", "dp", ...).
+  std::vector<std::string> executes;
 };
+
+// The layout dimensions a parallel plugin may execute, in the order the
+// engine applies the plugins that execute them: tp, cp, ep, etp, pp, dp.
+PTRAIN_API const std::vector<std::string>& layoutDimensions();
+PTRAIN_API bool isLayoutDimension(const std::string& name);
 
 class PTRAIN_API PluginRegistry {
  public:

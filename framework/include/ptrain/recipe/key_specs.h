@@ -53,4 +53,22 @@ PTRAIN_API KeySpec oneOf(KeySpec spec, std::vector<std::string> choices);
 // sets the key to any other value; the schema default never counts as set.
 PTRAIN_API KeySpec reserved(KeySpec spec, std::string reason, std::vector<std::string> accepts);
 
+// The keys of a trainer's model that the engine and the layout checks also
+// understand. A trainer adds the groups its model reads (its describeKeys);
+// the keys of a group it does not add are refused in its recipes.
+//
+// model.num_layers, hidden_size, num_attention_heads, ffn_hidden_size,
+// seq_length: a GPT-shaped transformer (Megatron's names), which the trainer
+// reports back through Trainer::modelShape() for the layout checks.
+PTRAIN_API void addTransformerShape(Schema& schema);
+// model.recompute (none, full, and selective when `selective`: the model
+// recomputes its attention core itself) and model.recompute_num_layers: the
+// engine recomputes whole blocks of any StagedModel.
+PTRAIN_API void addRecompute(Schema& schema, bool selective);
+// model.num_experts and model.moe_*: a model with MoE layers (nn/moe.h),
+// which the expert plugin places.
+PTRAIN_API void addMoe(Schema& schema);
+// fusion.*: the fused kernels of nn/fused.h a transformer block can use.
+PTRAIN_API void addFusion(Schema& schema);
+
 }  // namespace ptrain::keys

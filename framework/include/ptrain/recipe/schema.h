@@ -1,16 +1,21 @@
 // Schema: every recipe key ptrain knows, with its type, default, range and doc.
 //
-// The core describes its own sections (describeCoreKeys); a trainer plugin adds
-// the keys of its model and data sections. Validation rejects any key that the
-// schema does not list, suggesting the nearest known one, and any value that a
-// reserved key (planned, not built yet) cannot run. docs/recipes.md is
-// generated from the same table (`ptrain keys --markdown`). The builders in
-// ptrain/recipe/key_specs.h fill a KeySpec in one line.
+// The core describes its own sections (describeCoreKeys); every plugin a
+// recipe uses adds its own keys (PluginDescriptor::describe_keys, and a
+// trainer's describeKeys), each key marked with the plugin that owns it
+// (engine/recipe_schema.h assembles the schema of one recipe). Validation
+// rejects any key that the schema does not list, suggesting the nearest known
+// one, naming the plugin when the key belongs to one the recipe does not use,
+// and any value that a reserved key (planned, not built yet) cannot run.
+// docs/recipes.md is generated from the same table (`ptrain keys
+// --markdown`). The builders in ptrain/recipe/key_specs.h fill a KeySpec in
+// one line.
 //
 // Thread-safety: a Schema is a plain value; build it on one thread, then read
 // it from any number of threads.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,6 +52,9 @@ struct KeySpec {
   // outside reserved_accepts is refused; the schema default never is.
   std::string reserved;
   std::vector<std::string> reserved_accepts;  // YAML text of the values that run today; empty: none
+  // Who reads the key: "" for the core, else the plugin, "kind/name" (e.g.
+  // "precision/fp16", "trainer/llm"). Set by Schema::addFrom.
+  std::string owner;
 };
 
 class PTRAIN_API Schema {
@@ -62,6 +70,19 @@ class PTRAIN_API Schema {
   // default on a required key, accepted values without a reserved reason or
   // that do not fit the key): that is a bug in whoever describes the key.
   void add(KeySpec spec);
+  // Adds the keys `describe` adds, each owned by `owner` ("kind/name"). A key
+  // `describe` replaces (same path) takes the new owner.
+  void addFrom(const std::string& owner, const std::function<void(Schema&)>& describe);
+  // Removes a key (no-op when absent): a plugin that builds on another's
+  // keys but does not read one of them (e.g. a trainer without some setting).
+  void remove(const std::string& path);
+  // A key that exists but is not read by this recipe: validation refuses a
+  // recipe that sets it with "<path>: <reason>" (e.g. "read only by plugin
+  // precision/fp16, which this recipe does not use; remove it or set
+  // precision.name: fp16"). Ignored for a path that is a key of the schema.
+  void addUnused(const std::string& path, std::string reason);
+  // The reason addUnused gave for `path`; nullptr when none.
+  const std::string* unusedReason(const std::string& path) const;
   // nullptr when `path` is not a key.
   const KeySpec* find(const std::string& path) const;
   // In the order they were first added.
@@ -73,9 +94,11 @@ class PTRAIN_API Schema {
   // "" when none is close.
   std::string suggest(const std::string& path) const;
   // Markdown: one heading and table (key, type, default, allowed, meaning)
-  // per top-level section, in the order keys were added.
+  // per owner and top-level section, the core's first, then each plugin's, in
+  // the order keys were added; a plugin's headings name it.
   std::string markdown() const;
-  // Plain text for a terminal: one key per line, aligned columns.
+  // Plain text for a terminal: one key per line, aligned columns, a plugin's
+  // keys under a line naming it.
   std::string text() const;
 
   // Checks one value against `spec`. Returns "" when it is fine, else
@@ -95,14 +118,17 @@ class PTRAIN_API Schema {
  private:
   std::vector<KeySpec> keys_;
   std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> unused_;
+  std::string owner_;  // of the keys add() takes now (addFrom)
 };
 
-// Keys of the sections the core owns: name, launch, plugins, trainer, model
-// (the Megatron-style shape keys the layout checks read: num_layers,
-// hidden_size, num_attention_heads, ffn_hidden_size, seq_length, num_experts,
-// moe_router_topk), data.name, train, optimizer, parallel, communication,
-// precision, cpu, offload, fusion, checkpoint, log. Other model.* and data.*
-// keys belong to the trainer that reads them (Trainer::describeKeys).
+// Keys of the sections the core owns: name, device, launch, plugins, trainer,
+// data.name, train, optimizer, parallel (the layout), communication,
+// precision.name, cpu, offload.name, checkpoint, log. Every other key belongs
+// to the plugin that reads it: model.* and data.* to the trainer
+// (Trainer::describeKeys, with the shared groups of keys::addTransformerShape
+// and the others in key_specs.h), fp16's loss scale to precision/fp16, the
+// offload levers to offload/tiered.
 PTRAIN_API void describeCoreKeys(Schema& schema);
 
 }  // namespace ptrain

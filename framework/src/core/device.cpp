@@ -1,4 +1,4 @@
-#include "ptrain/engine/device.h"
+#include "ptrain/core/device.h"
 
 #include <torch/cuda.h>
 #include <torch/version.h>

@@ -1,4 +1,4 @@
-#include "ptrain/engine/parameter_seed.h"
+#include "ptrain/nn/parameter_seed.h"
 
 #include "ptrain/nn/parameter_init.h"
 
