@@ -23,6 +23,7 @@ torch_spec="${PTRAIN_TORCH_SPEC:-torch==2.15.0}"
 # tests compare with.
 transformers_spec="transformers==5.25.0"
 megatron_spec="megatron-core==0.16.1"
+tensorboard_spec="tensorboard==2.21.0"
 
 packages=(
   build-essential cmake make pkg-config
@@ -38,6 +39,7 @@ packages=(
   zlib1g-dev              # gzip: Fashion-MNIST's IDX files, Criteo TSV logs
   libpng-dev libjpeg-dev  # COCO images (datasets/coco)
   libsentencepiece-dev    # ptrain data prepare's tokenizer
+  libcairo2-dev           # ptrain plot draws a run's curves as a PNG
   dataset-fashion-mnist   # the items of the detection trainer's mosaic dataset (datasets/mosaic)
   python3-torch           # PyTorch eager on the same libtorch, for `make bench`
   python3-venv            # the environment --pypi installs PyTorch 2.x into
@@ -68,12 +70,14 @@ want="${torch_spec#torch==}"
 # Beside it, the other frameworks' own code that tests compare ptrain with
 # (they look for this environment's python): pycocotools (the COCO evaluator
 # and COCO files), transformers (GPT-2 export and import), megatron-core (its
-# indexed data sets and GPT samples).
+# indexed data sets and GPT samples), tensorboard (its reader reads back the
+# event files of log.tensorboard).
 coco() {
   local missing=()
   "$venv/bin/python" -c 'import pycocotools' 2>/dev/null || missing+=(pycocotools)
   "$venv/bin/python" -c 'import transformers' 2>/dev/null || missing+=("$transformers_spec")
   "$venv/bin/python" -W ignore -c 'import megatron.core' 2>/dev/null || missing+=("$megatron_spec")
+  "$venv/bin/python" -c 'import tensorboard' 2>/dev/null || missing+=("$tensorboard_spec")
   [ ${#missing[@]} -eq 0 ] ||
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "${missing[@]}"
 }

@@ -112,6 +112,7 @@ TEST(Doctor, AWorkerKilledMidRunIsALostRank) {
 }
 
 TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
+  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
   // Rank 1 stops (SIGSTOP) and never answers: rank 0's next collective waits
@@ -124,6 +125,7 @@ TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
 }
 
 TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
+  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
   TempDir tmp;
   // A 12.6M-parameter GPT (its weights, gradients and Adam states about 200 MB
   // a rank), first uncapped to learn its peak on this libtorch, then under a

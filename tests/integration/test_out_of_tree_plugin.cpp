@@ -84,6 +84,7 @@ TEST(OutOfTreePlugin, BuildsStandaloneLoadsAndTrains) {
 // `cmake --install` into a fresh prefix gives a ptrain that runs from there
 // alone, and an SDK that find_package(ptrain) builds the example against.
 TEST(OutOfTreePlugin, InstalledPtrainFindsItsPluginsAndBuildsTheExample) {
+  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
   TempDir tmp;
   const std::string prefix = fs::path(tmp.path() + "/prefix").lexically_normal().string();
   auto r = runProcess({kCmake, "--install", ptrain::test::binaryDir(), "--prefix", prefix}, {}, 300);

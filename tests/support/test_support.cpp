@@ -47,6 +47,17 @@ std::string pythonLacks(const std::vector<std::string>& modules) {
   }
   return "";
 }
+std::string pythonImporting(const std::string& module) {
+  auto imports = [&](const std::string& python) {
+    return std::system(("'" + python + "' -W ignore -c 'import " + module + "' >/dev/null 2>&1").c_str()) == 0;
+  };
+  const std::string first = testPython();
+  if (imports(first)) return first;
+  const std::string venv = sourceDir() + "/.venv-torch/bin/python";
+  if (fs::exists(venv) && imports(venv)) return venv;
+  return "";
+}
+
 std::string binaryDir() { return PTRAIN_BINARY_DIR; }
 std::string ptrainBinary() { return std::string(PTRAIN_BINARY_DIR) + "/bin/ptrain"; }
 

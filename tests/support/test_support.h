@@ -41,6 +41,11 @@ std::string testPython();
 // `modules` ("transformers", "megatron.core"), else a sentence naming the
 // python and the module it lacks, and where it comes from.
 std::string pythonLacks(const std::vector<std::string>& modules);
+// A Python that imports `module`, for readers that do not depend on
+// libtorch (tensorboard): testPython(), else the tree's PyPI environment
+// (.venv-torch, which tools/install-deps.sh --pypi fills whichever libtorch
+// this build uses); empty when neither does (pythonLacks says why).
+std::string pythonImporting(const std::string& module);
 
 // A fresh temporary directory, removed with everything in it on destruction.
 class TempDir {

@@ -48,6 +48,22 @@ double gaussianRadius(double height, double width, double minOverlap) {
   return std::max(0.0, std::min({r1, r2, r3}));
 }
 
+int64_t centerNetMultiplyAdds(const CenterNetConfig& c, int64_t canvas) {
+  // A 3x3 convolution with padding 1 at stride 2 halves an even side exactly,
+  // and the recipe's canvas is a multiple of the block stride.
+  const int64_t half = canvas / 2, quarter = canvas / 4, blockSide = canvas / c.block_stride;
+  auto conv = [](int64_t side, int64_t in, int64_t out, int64_t taps) { return side * side * out * in * taps; };
+  const int64_t second = c.block_stride == 8 ? 2 * c.stem_channels : c.channels;
+  int64_t macs = conv(half, 1, c.stem_channels, 9) + conv(quarter, c.stem_channels, second, 9);
+  if (c.block_stride == 8) macs += conv(blockSide, second, c.channels, 9);
+  // Dilation changes where a block's taps read, not how many there are.
+  macs += c.num_blocks *
+          (conv(blockSide, c.channels, c.inner_channels, 9) + conv(blockSide, c.inner_channels, c.channels, 1));
+  const int64_t featureTaps = c.block_stride == 8 ? 4 : 9;
+  macs += conv(quarter, c.channels, c.head_channels, featureTaps) + conv(quarter, c.head_channels, c.classes + 4, 1);
+  return macs;
+}
+
 void addCenterNetTargets(Batch& batch, int64_t classes, int64_t canvas) {
   const at::Tensor boxes = batch.at("boxes").to(torch::kFloat32).contiguous();
   const at::Tensor labels = batch.at("labels").to(torch::kInt64).contiguous();

@@ -91,6 +91,18 @@ struct CenterNetConfig {
   double class_weight = 0.0;
 };
 
+// Multiply-adds of one forward pass over one `canvas` x `canvas` image: every
+// convolution's output elements x its input channels x kernel area, at the
+// sides the strides give (canvas / 2, / 4, / 8). Group norms, ReLUs, the
+// residual additions and the upsampling are not counted (elementwise work,
+// which model FLOPs leave out as Megatron's do). At block_stride 8 the head's
+// 3x3 features over the nearest-upsampled map count as the four 2x2
+// convolutions they are computed as (upsampleTwiceThenConv3x3): 4 taps per
+// output pixel and input channel, not 9, since the other 5 would multiply
+// copies of the same pixels. DetectionTrainer::trainFlops is 6 x this per
+// image (2 FLOPs a multiply-add, backward twice forward).
+int64_t centerNetMultiplyAdds(const CenterNetConfig& config, int64_t canvas);
+
 // The training targets of a batch of canvases, in the batch itself so that
 // micro-batches and data-parallel shards cut them with the images:
 //   "heatmap"       [N, classes, H/4, W/4] float32: per class, the maximum of

@@ -248,6 +248,13 @@ void DetectionTrainer::setup(const Recipe& recipe) {
   ready_ = true;
 }
 
+double DetectionTrainer::trainFlops(double images) const {
+  if (!ready_) return 0;
+  // Forward 2 FLOPs a multiply-add, backward twice the forward (Megatron's
+  // convention; recomputation not counted).
+  return images * 6.0 * static_cast<double>(centerNetMultiplyAdds(config_, data_.canvas));
+}
+
 std::shared_ptr<CenterNetModel> DetectionTrainer::makeModel(const ModelBuild& build) {
   PTRAIN_CHECK(ready_, "detection trainer: buildModel() before setup()");
   return std::make_shared<CenterNetModel>(config_, build);

@@ -50,6 +50,9 @@ class DetectionTrainer : public ModelTrainer<CenterNetModel> {
   // Canvases (samples) in the batch.
   double tokensIn(const Batch& batch) const override;  // canvases
   const char* throughputUnit() const override { return "images"; }
+  // Model FLOPs of training on `images` canvases: 6 x centerNetMultiplyAdds
+  // per image at data.canvas (convolutions only; 0 before setup()).
+  double trainFlops(double images) const override;
   // The engine's loop; it only remembers the run folder for evaluate().
   TrainSummary train(TrainingSession& session) override;
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "ppo_batch.h"
 #include "ptrain/core/error.h"
+#include "ptrain/core/phase_timer.h"
 #include "ptrain/engine/reshard.h"
 #include "ptrain/engine/runtime.h"
 
@@ -25,6 +27,8 @@ GrpoStepResult grpoStep(const GptModels& models, ModelRuntime& actor, ModelRunti
   auto& m = out.metrics;
   const int64_t n = o.rollout.n;
   const auto start = Clock::now();
+  // Everything before the actor's updates makes what they learn from.
+  std::optional<PhaseScope> rolloutPhase(std::in_place, Phase::kRollout);
 
   auto t = Clock::now();
   reshardParameters(actor, rollout);
@@ -63,6 +67,7 @@ GrpoStepResult grpoStep(const GptModels& models, ModelRuntime& actor, ModelRunti
   m["timing_s/ref"] = since(t);
 
   // PPO epochs over mini-batches of whole prompt groups.
+  rolloutPhase.reset();
   t = Clock::now();
   const int64_t prompts_ = static_cast<int64_t>(prompts.size());
   const int64_t mini = o.ppo_mini_batch_size > 0 ? o.ppo_mini_batch_size : prompts_;

@@ -42,6 +42,9 @@ class GrpoTrainer : public llm::LlmTrainer {
   nlohmann::json dataPosition(int64_t step, int64_t) const override {
     return LlmTrainer::dataPosition(step, train_batch_size_);
   }
+  // No MFU: a step is generation, scoring and several updates over the
+  // responses, which no count of the llm trainer's per-token FLOPs describes.
+  double trainFlops(double) const override { return 0; }
   // The actor (parallel.*), the reference (the actor's layout, optionally
   // offloaded) and the rollout (actor_rollout_ref.rollout.tensor_model_
   // parallel_size x the rest as data parallelism), one grpoStep a step,

@@ -491,6 +491,13 @@ Batch RecommenderTrainer::batchRows(int64_t step, int64_t globalBatchSize, int64
 
 double RecommenderTrainer::tokensIn(const Batch& batch) const { return static_cast<double>(batch.size()); }
 
+double RecommenderTrainer::trainFlops(double samples) const {
+  if (!dataset_ && !files_) return 0;
+  // Forward 2 FLOPs a multiply-add, backward twice the forward (Megatron's
+  // convention; recomputation not counted).
+  return samples * 6.0 * static_cast<double>(config_.forwardMultiplyAdds());
+}
+
 const datasets::ClicksBestScores& RecommenderTrainer::bestScores() {
   PTRAIN_CHECK(dataset_, "recommender trainer: bestScores() before setup()");
   if (!best_) best_ = dataset_->bestValidationScores();

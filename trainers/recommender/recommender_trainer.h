@@ -68,6 +68,9 @@ class RecommenderTrainer : public ModelTrainer<RecsysModel> {
   Batch batchRows(int64_t step, int64_t globalBatchSize, int64_t begin, int64_t end) override;
   double tokensIn(const Batch& batch) const override;  // samples
   const char* throughputUnit() const override { return "samples"; }
+  // Model FLOPs of training on `samples` samples: 6 x
+  // RecsysConfig::forwardMultiplyAdds per sample (0 before setup()).
+  double trainFlops(double samples) const override;
   // The engine's loop over one runtime, with the tables' sparse optimizer
   // (model.embedding_optimizer) set on its options.
   TrainSummary train(TrainingSession& session) override;

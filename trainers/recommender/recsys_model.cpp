@@ -79,6 +79,28 @@ int64_t RecsysConfig::expertBlockParameters(bool expertsOnly) const {
 
 int64_t RecsysConfig::topParameters() const { return mlpParameters(hidden, top_mlp, 1); }
 
+int64_t RecsysConfig::forwardMultiplyAdds() const {
+  // A linear layer's multiply-adds per row are its weights, so the MLPs'
+  // parameter counts less their biases.
+  auto mlpMacs = [](int64_t in, const std::vector<int64_t>& widths, int64_t last) {
+    int64_t n = 0, width = in;
+    for (int64_t w : widths) {
+      n += width * w;
+      width = w;
+    }
+    return last > 0 ? n + width * last : n;
+  };
+  const int64_t pairs = kInteractionVectors * (kInteractionVectors - 1) / 2;
+  const int64_t bottom = mlpMacs(kDenseFeatures, bottom_mlp, dim);
+  const int64_t interaction = pairs * dim;
+  const int64_t attention = history_length * (mlpMacs(3 * dim, {attention_hidden}, 1) + dim);
+  const int64_t projection = (dim + pairs + 4 * dim) * hidden;
+  const int64_t expertMlp = hidden * ffn + ffn * hidden;
+  const int64_t experts = num_experts > 0 ? hidden * num_experts + moe.topk * expertMlp : expertMlp;
+  const int64_t top = mlpMacs(hidden, top_mlp, 1);
+  return bottom + interaction + attention + projection + experts + top;
+}
+
 RecsysPacking::RecsysPacking(const RecsysConfig& c)
     : dim(c.dim), history_length(c.history_length), hidden(c.hidden) {
   interaction_size = c.dim + kInteractionVectors * (kInteractionVectors - 1) / 2;

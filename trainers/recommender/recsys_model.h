@@ -97,6 +97,17 @@ struct RecsysConfig {
   int64_t attentionParameters() const;
   int64_t expertBlockParameters(bool expertsOnly = false) const;  // block 1 (or just its experts)
   int64_t topParameters() const;
+  // Multiply-adds of one sample's forward pass: the bottom MLP, the
+  // interaction's V(V-1)/2 dot products of width dim (the pairs, not the
+  // whole Gram matrix pairwiseDots multiplies out), the attention unit's MLP
+  // over each of the history_length slots and its weighted sum of the slots,
+  // block 1's projection, the router and the top-k experts' MLPs (the experts
+  // a sample is routed to, not all of them; capacity drops not subtracted;
+  // the dense MLP when num_experts is 0), and the top MLP. Embedding lookups,
+  // the activations, softmaxes, elementwise products and the experts'
+  // weighting of their outputs are not counted. RecommenderTrainer::trainFlops
+  // is 6 x this per sample.
+  int64_t forwardMultiplyAdds() const;
 };
 
 // Where each part lives in the packed hidden [B, P] (column offsets).

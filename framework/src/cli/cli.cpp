@@ -125,6 +125,26 @@ int main(int argc, char** argv) {
                                             "metrics.jsonl), or a log file")
       ->required();
 
+  PlotArgs plotArgs;
+  auto* plotCmd = app.add_subcommand(
+      "plot", "draw a run's curves (loss, evaluation, learning rate, throughput, memory) as a PNG; several runs "
+              "overlaid; or with --trace the timeline of traced steps");
+  // Neither is required here: cmdPlot says which one is missing, or that
+  // both were given, in the command's own words.
+  plotCmd->add_option("run_dirs", plotArgs.run_dirs, "run folders `ptrain run` wrote (their metrics.jsonl)");
+  plotCmd->add_option("--trace", plotArgs.traces,
+                      "instead of run folders: the traces log.profile_steps wrote (RUN_DIR/traces/rank<R>.json), "
+                      "drawn as a timeline of ptrain's ranges, one band per rank");
+  plotCmd->add_option("--out", plotArgs.out,
+                      "the PNG to write (default: the first RUN_DIR/curves.png; with --trace, timeline.png beside "
+                      "the first trace)");
+  plotCmd->add_option("--field", plotArgs.fields,
+                      "a further field of the training rows to draw, a panel each (e.g. GRPO's critic/score/mean "
+                      "actor/kl_loss, fp16's loss_scale); repeat or list several");
+  plotCmd->add_option("--size", plotArgs.size,
+                      "picture size in pixels, WIDTHxHEIGHT (default 1200x900; with --trace 1400 wide and as tall "
+                      "as the ranks need)");
+
   std::vector<std::string> pluginPaths;
   auto* pluginsCmd = app.add_subcommand("plugins", "list every plugin found: kind, name, version, path");
   pluginsCmd->add_option("--path", pluginPaths, "extra folders or files to search first");
@@ -225,6 +245,7 @@ int main(int argc, char** argv) {
       return cmdPlan(planArgs);
     }
     if (doctorCmd->parsed()) return cmdDoctor(doctorPath);
+    if (plotCmd->parsed()) return cmdPlot(plotArgs);
     if (pluginsCmd->parsed()) return cmdPlugins(pluginPaths);
     if (benchCmd->parsed()) return cmdBenchComm(bench);
     if (keysCmd->parsed()) return cmdKeys(markdown, keysTrainer, keysNccl);

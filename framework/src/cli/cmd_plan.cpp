@@ -48,21 +48,11 @@ plan::DeviceSpec hostDevice(int ranks) {
   const int cores = static_cast<int>(std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN)));
   const int previousThreads = at::get_num_threads();
   at::set_num_threads(cores);
-  torch::NoGradGuard noGrad;
-  at::Tensor a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
-  at::Tensor c = torch::mm(a, b);
-  int reps = 0;
-  const auto start = std::chrono::steady_clock::now();
-  double seconds = 0;
-  while (seconds < 0.5) {
-    c = torch::mm(a, b);
-    ++reps;
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const double flops = measureHostMatmulFlops(1024, 0.5);
   at::set_num_threads(previousThreads);
   plan::DeviceSpec d;
   d.name = "host";
-  d.peak_tflops_fp32 = 2.0 * 1024 * 1024 * 1024 * reps / seconds / 1e12 / std::max(1, ranks);
+  d.peak_tflops_fp32 = flops / 1e12 / std::max(1, ranks);
   d.peak_tflops_half = d.peak_tflops_fp32;
   d.efficiency = 0.85;
   d.memory_gib = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / kGiB;

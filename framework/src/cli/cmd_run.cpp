@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/comm/rank_env.h"
+#include "ptrain/core/device.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
 #include "ptrain/core/resources.h"
@@ -22,6 +23,7 @@
 #include "ptrain/engine/offload.h"
 #include "ptrain/launch/launcher.h"
 #include "ptrain/launch/run_lock.h"
+#include "ptrain/plan/cost_model.h"
 
 namespace fs = std::filesystem;
 
@@ -65,7 +67,23 @@ void printSummary(const TrainSummary& s, const std::string& runDir) {
   std::printf("  %-22s %.4f\n", "final loss", s.final_loss);
   for (const auto& [k, v] : s.eval) std::printf("  %-22s %.4f\n", k.c_str(), v);
   std::printf("  %-22s %.0f\n", (s.throughput_unit + "/s").c_str(), s.tokens_per_s);
+  if (s.mfu >= 0) std::printf("  %-22s %.1f%%\n", "MFU", 100 * s.mfu);
   std::printf("  %-22s %.1f s\n", "start-up", s.startup_s);
+  if (s.step_time_s > 0) {
+    // Where the steps' time went, largest first (rank 0's clocks).
+    std::vector<std::pair<double, std::string>> phases;
+    for (const auto& [name, seconds] : s.phase_s)
+      if (seconds > 0) phases.emplace_back(seconds, name);
+    std::sort(phases.rbegin(), phases.rend());
+    std::string shares;
+    for (const auto& [seconds, name] : phases) {
+      char part[96];
+      std::snprintf(part, sizeof part, "%s%s %.1f%%", shares.empty() ? "" : ", ", name.c_str(),
+                    100 * seconds / s.step_time_s);
+      shares += part;
+    }
+    std::printf("  %-22s %.1f s: %s\n", "step time", s.step_time_s, shares.c_str());
+  }
   if (!s.peak_rss_mb_ranks.empty()) {
     const auto most = std::max_element(s.peak_rss_mb_ranks.begin(), s.peak_rss_mb_ranks.end());
     std::printf("  %-22s %.0f MB (rank %lld, the most of any)\n", "peak memory", *most,
@@ -94,6 +112,16 @@ int runWorker(const RunArgs& args) {
   nn::setHostKernels(prepared.recipe.getString("cpu.kernels") == "ptrain");
   EngineOptions options;
   options.resume = args.resume;
+  // MFU's denominator on a GPU: the plan's table's peak of this card in the
+  // run's precision.
+  if (prepared.recipe.getString("device") != "cpu" && cudaDeviceCount() > env.local_rank) {
+    if (const plan::DeviceSpec* card =
+            plan::presetForCudaDevice(cudaDeviceName(env.local_rank), cudaDeviceMemoryGib(env.local_rank))) {
+      const std::string precision = prepared.recipe.getString("precision.name");
+      const bool half = precision == "bf16" || precision == "fp16";
+      options.device_peak_flops = 1e12 * (half ? card->peak_tflops_half : card->peak_tflops_fp32);
+    }
+  }
   options.run_dir = args.run_dir.empty() ? "runs/" + prepared.recipe.name() + "/job-" + jobId() : args.run_dir;
   // One writer per run folder: `ptrain run`'s launcher holds the lock and
   // says so; under another launcher (torchrun, srun) rank 0 takes it.

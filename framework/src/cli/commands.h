@@ -106,6 +106,22 @@ int cmdCheck(const CheckArgs& args);
 // `ptrain doctor RUN_DIR | LOGFILE`: 0 when nothing went wrong, 1 with a
 // diagnosis, 2 when the path is neither (cmd_doctor.cpp).
 int cmdDoctor(const std::string& path);
+struct PlotArgs {
+  std::vector<std::string> run_dirs;  // folders `ptrain run` wrote; several are overlaid
+  std::vector<std::string> traces;    // --trace: Chrome traces of log.profile_steps, instead of run_dirs
+  std::string out;                    // empty: RUN_DIR/curves.png, or timeline.png beside the first trace
+  std::string size;                   // "WxH"; empty: 1200x900, or 1400 wide and as tall as the timeline needs
+  std::vector<std::string> fields;    // --field: further metrics of the training rows, a panel each
+};
+// `ptrain plot RUN_DIR...`: the runs' curves from metrics.jsonl (loss,
+// evaluation, learning rate, throughput, memory, and grad_norm and MFU when
+// logged) as one PNG (cmd_plot.cpp). `ptrain plot --trace TRACE.json...`:
+// the timeline of ptrain's ranges (phases, collectives, waits), one band
+// per trace (plot_trace.h). ConfigError for a folder without metrics.jsonl,
+// a malformed line, a run without training rows, a trace that is missing,
+// not JSON or without ptrain ranges, run folders and traces together, a bad
+// --size or an --out that is not a writable .png.
+int cmdPlot(const PlotArgs& args);
 int cmdPlugins(const std::vector<std::string>& extraPaths);
 int cmdBenchComm(const BenchCommArgs& args);
 int cmdKeys(bool markdown, const std::string& trainer, bool nccl);

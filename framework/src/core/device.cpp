@@ -3,6 +3,10 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <ATen/ATen.h>
+
+#include <chrono>
+
 #include "ptrain/core/text.h"
 
 #if PTRAIN_WITH_CUDA
@@ -30,6 +34,33 @@ double peakDeviceMemoryMb(at::Device device) {
     // Entry 0: the aggregate over the small and large pools (StatType
     // moved between namespaces across libtorch releases).
     return static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+double measureHostMatmulFlops(int64_t size, double seconds) {
+  at::NoGradGuard noGrad;
+  const at::Tensor a = at::randn({size, size}), b = at::randn({size, size});
+  at::Tensor c = at::mm(a, b);  // the first product pays for the threads' start
+  int64_t reps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds || reps == 0) {
+    c = at::mm(a, b);
+    ++reps;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return 2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) *
+         static_cast<double>(reps) / elapsed;
+}
+
+double deviceMemoryMb(at::Device device) {
+#if PTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].current) / (1 << 20);
   }
 #endif
   (void)device;

@@ -51,6 +51,16 @@ double peakRssMb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+double currentRssMb() {
+  // /proc/self/statm: total and resident pages.
+  std::ifstream statm("/proc/self/statm");
+  unsigned long long total = 0, resident = 0;
+  if (!(statm >> total >> resident)) return 0;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+double epochNow() { return epochSeconds(); }
+
 double secondsSinceLaunch() {
   double start = 0;
   if (const char* launched = std::getenv(kLaunchTimeVariable)) start = std::strtod(launched, nullptr);

@@ -15,11 +15,14 @@
 
 #include "engine/checkpointer.h"
 #include "engine/progress.h"
+#include "engine/step_profiler.h"
+#include "engine/tensorboard_writer.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/comm/communicator.h"
 #include "ptrain/comm/nccl_settings.h"
 #include "ptrain/comm/store.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/core/phase_timer.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/core/text.h"
 #include "ptrain/core/device.h"
@@ -95,6 +98,24 @@ int stopSignalNumber(const std::string& name) {
   return 0;
 }
 
+std::vector<std::string> checkProfileSteps(const Recipe& recipe) {
+  std::vector<std::string> problems;
+  if (!recipe.has("log.profile_steps")) return problems;
+  const auto window = recipe.getIntList("log.profile_steps");
+  if (window.empty()) return problems;
+  const int64_t steps = recipe.getInt("train.steps");
+  const std::string where = recipe.location("log.profile_steps").str() + ": log.profile_steps: ";
+  if (window.size() != 2) {
+    problems.push_back(where + "expected [A, B], the first and last training step to trace (e.g. [10, 12]), or [] "
+                               "for none; got " + std::to_string(window.size()) + " numbers");
+  } else if (window[0] < 1 || window[0] > window[1] || window[1] > steps) {
+    problems.push_back(where + "[" + std::to_string(window[0]) + ", " + std::to_string(window[1]) +
+                       "] is not a window of this run's steps: expected 1 <= A <= B <= train.steps (" +
+                       std::to_string(steps) + ")");
+  }
+  return problems;
+}
+
 std::vector<std::string> checkStopSignals(const Recipe& recipe) {
   std::vector<std::string> problems;
   if (!recipe.has("checkpoint.on_signal")) return problems;
@@ -108,9 +129,42 @@ std::vector<std::string> checkStopSignals(const Recipe& recipe) {
   return problems;
 }
 
+// Rank 0's record of the run: metrics.jsonl and, under log.tensorboard, the
+// same rows as TensorBoard scalars.
 struct TrainingSession::Metrics {
   explicit Metrics(const std::string& path) : writer(path) {}
   MetricsWriter writer;
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+
+  void write(const std::string& kind, nlohmann::json row) {
+    const double time = epochNow();
+    row["kind"] = kind;
+    row["time"] = time;
+    writer.write(row);
+    if (tensorboard == nullptr) return;
+    try {
+      writeScalars(kind, row, time);
+    } catch (const std::exception& e) {
+      // A full disk must not end the run: metrics.jsonl has every row.
+      logger()->warn("log.tensorboard: {}; no more TensorBoard events are written (metrics.jsonl goes on)", e.what());
+      tensorboard.reset();
+    }
+  }
+
+  void writeScalars(const std::string& kind, const nlohmann::json& row, double time) {
+    const int64_t step = row.value("step", int64_t{0});
+    for (const auto& [field, value] : row.items()) {
+      if (field == "step" || field == "time" || field == "kind") continue;
+      const std::string tag = kind + "/" + field;
+      if (value.is_number() || value.is_boolean()) {
+        tensorboard->scalar(tag, step, value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>(), time);
+      } else if (value.is_array()) {
+        for (size_t r = 0; r < value.size(); ++r)
+          if (value[r].is_number()) tensorboard->scalar(tag + "/rank" + std::to_string(r), step, value[r].get<double>(), time);
+      }
+    }
+    tensorboard->flush();
+  }
 };
 
 TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, EngineOptions options)
@@ -143,6 +197,21 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   comm_ = std::make_unique<Communicator>(env, layoutFromRecipe(recipe, env.world_size), *prepared_.registry, ctx,
                                          commOptions);
   metrics_ = std::make_unique<Metrics>(isRankZero() ? (fs::path(runDir()) / "metrics.jsonl").string() : "");
+  if (isRankZero() && recipe.getBool("log.tensorboard")) {
+    const std::string dir = (fs::path(runDir()) / "tensorboard").string();
+    try {
+      metrics_->tensorboard = std::make_unique<TensorBoardWriter>(dir);
+    } catch (const std::exception& e) {
+      throw ConfigError(recipe.location("log.tensorboard").str() + ": log.tensorboard: " + e.what() +
+                        "; make the run folder writable or set log.tensorboard: false");
+    }
+    // The recipe once per run (a resumed run's curves continue; its recipe is
+    // the one it started with, listed with its changes when resumed).
+    if (!resuming()) {
+      metrics_->tensorboard->text("recipe", 0, "```yaml\n" + recipe.toYaml() + "```", epochNow());
+      metrics_->tensorboard->flush();
+    }
+  }
   if (recipe.has("checkpoint.on_signal")) {
     for (const auto& name : recipe.getStringList("checkpoint.on_signal")) {
       if (const int sig = stopSignalNumber(name)) stopSignals_.push_back(sig);
@@ -291,11 +360,22 @@ std::unique_ptr<ModelRuntime> TrainingSession::makeRuntime(RuntimeOptions option
       *comm_, registry(), [&t](const ModelBuild& build) { return t.buildModel(build); }, std::move(options));
 }
 
-void TrainingSession::writeMetrics(const nlohmann::json& line) { metrics_->writer.write(line); }
+void TrainingSession::writeMetrics(const std::string& kind, nlohmann::json row) {
+  metrics_->write(kind, std::move(row));
+}
 
 void TrainingSession::beginTraining(int64_t step) {
   figures_.startup_s = secondsSinceLaunch();
-  writeMetrics({{"step", step}, {"startup_s", figures_.startup_s}});
+  // MFU's denominator. On the cpu: what this rank's threads reach on float32
+  // products now (about 50 ms, and only for a trainer that counts its FLOPs),
+  // as every rank shares the cores as it will while training.
+  peakFlops_ = options_.device_peak_flops;
+  if (peakFlops_ <= 0 && device_.is_cpu() && trainer().trainFlops(1) > 0) {
+    peakFlops_ = measureHostMatmulFlops(256, 0.05);
+  }
+  nlohmann::json row{{"step", step}, {"startup_s", figures_.startup_s}};
+  if (peakFlops_ > 0) row["peak_flops"] = peakFlops_;
+  writeMetrics("startup", std::move(row));
 }
 
 void TrainingSession::recordIo(int64_t step, const char* what, double seconds, double bytes) {
@@ -314,7 +394,8 @@ void TrainingSession::recordIo(int64_t step, const char* what, double seconds, d
     perRankBytes.push_back(host[r][1].item<double>());
   }
   const std::string kind = what;
-  writeMetrics({{"step", step}, {"checkpoint_" + kind + "_s", perRankSeconds}, {"checkpoint_" + kind + "_bytes", perRankBytes}});
+  writeMetrics("checkpoint",
+               {{"step", step}, {"checkpoint_" + kind + "_s", perRankSeconds}, {"checkpoint_" + kind + "_bytes", perRankBytes}});
   const double slowest = *std::max_element(perRankSeconds.begin(), perRankSeconds.end());
   double total = 0;
   for (double b : perRankBytes) total += b;
@@ -372,7 +453,13 @@ void TrainingSession::addFigures(TrainSummary& summary) {
   }
   const at::Tensor host = all.cpu();
   summary.peak_rss_mb_ranks.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
-  writeMetrics({{"step", summary.steps}, {"peak_rss_mb_ranks", summary.peak_rss_mb_ranks}});
+  nlohmann::json row{{"step", summary.steps}, {"peak_rss_mb_ranks", summary.peak_rss_mb_ranks}};
+  if (summary.step_time_s > 0) {
+    row["step_time_s"] = summary.step_time_s;
+    for (const auto& [phase, seconds] : summary.phase_s) row["time_" + phase + "_s"] = seconds;
+  }
+  if (summary.mfu >= 0) row["mfu"] = summary.mfu;
+  writeMetrics("summary", std::move(row));
   summary.startup_s = figures_.startup_s;
   summary.checkpoint_saves = figures_.checkpoint_saves;
   summary.checkpoint_save_s = figures_.checkpoint_save_s;
@@ -403,16 +490,20 @@ class OneModelTask final : public TrainingTask {
   std::vector<ModelRuntime*> checkpointed() override { return {runtime_.get()}; }
 
   StepReport step(int64_t step) override {
-    // Only this rank's rows of the global batch are made.
-    const auto [rowsBegin, rowsEnd] = runtime_->dataRows(globalBatch_);
-    const Batch rows = trainer_.batchRows(step, globalBatch_, rowsBegin, rowsEnd);
     StepInput input;
     input.step = step;
-    input.micro_batches = runtime_->cutMicroBatches(rows, micro_);
-    // Items the loss is averaged over, counted on the whole global batch (the
-    // data-parallel ranks' rows together) so every split of it normalises
-    // the same way; its tokens, for throughput.
-    const std::vector<double> counts = runtime_->sumOverDataParallel({trainer_.lossCount(rows), trainer_.tokensIn(rows)});
+    std::vector<double> counts;
+    {
+      PhaseScope data(Phase::kData);
+      // Only this rank's rows of the global batch are made.
+      const auto [rowsBegin, rowsEnd] = runtime_->dataRows(globalBatch_);
+      const Batch rows = trainer_.batchRows(step, globalBatch_, rowsBegin, rowsEnd);
+      input.micro_batches = runtime_->cutMicroBatches(rows, micro_);
+      // Items the loss is averaged over, counted on the whole global batch
+      // (the data-parallel ranks' rows together) so every split of it
+      // normalises the same way; its tokens, for throughput.
+      counts = runtime_->sumOverDataParallel({trainer_.lossCount(rows), trainer_.tokensIn(rows)});
+    }
     input.loss_divisor = counts[0];
     const StepResult result = runtime_->step(input);
     StepReport report;
@@ -425,7 +516,6 @@ class OneModelTask final : public TrainingTask {
     // Rank 0's: its share of the global batch.
     report.micro_batches = static_cast<int64_t>(input.micro_batches.size());
     for (const auto& [k, v] : result.stats) report.metrics[k] = v;
-    if (runtime_->device().is_cuda()) report.metrics["peak_device_mb"] = peakDeviceMemoryMb(runtime_->device());
     report.note = scaleNote(result);
     return report;
   }
@@ -450,10 +540,33 @@ TrainSummary defaultTrainingLoop(TrainingSession& session, Trainer& trainer, con
   return runTrainingLoop(session, task, trainer.throughputUnit());
 }
 
+namespace {
+
+// Where the phases of the run's steps went, for the summary.
+struct PhaseTotals {
+  PhaseSeconds seconds{};
+  double steps_s = 0;
+  double flops = 0;        // model FLOPs of the steps (Trainer::trainFlops)
+  double training_s = 0;   // their seconds without evaluation and checkpoints
+
+  void add(const PhaseSeconds& step) {
+    for (size_t p = 0; p < step.size(); ++p) seconds[p] += step[p];
+  }
+};
+
+double sum(const PhaseSeconds& s) {
+  double total = 0;
+  for (double v : s) total += v;
+  return total;
+}
+
+}  // namespace
+
 TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const std::string& unit) {
   const Recipe& recipe = session.recipe();
   const auto wallStart = Clock::now();
   const bool isRankZero = session.isRankZero();
+  Trainer& trainer = session.trainer();
 
   const int64_t steps = recipe.getInt("train.steps");
   const int64_t evalEvery = recipe.getInt("train.eval_every");
@@ -478,10 +591,11 @@ TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const
   TrainSummary summary;
   summary.throughput_unit = unit;
   auto evaluate = [&](int64_t atStep) {
+    PhaseScope evaluation(Phase::kEval);
     summary.eval = task.evaluate();
     nlohmann::json evalLine{{"step", atStep}};
     for (const auto& [k, v] : summary.eval) evalLine[k] = v;
-    session.writeMetrics(evalLine);
+    session.writeMetrics("eval", evalLine);
     progress.note(formatEval(atStep, summary.eval));
   };
   if (step == 0 && task.evaluatesAtStart()) evaluate(0);
@@ -489,53 +603,131 @@ TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const
 
   std::optional<OpCounter> opCounter;
   if (recipe.getBool("log.count_ops")) opCounter.emplace();
+  std::optional<StepProfiler> profiler;
+  if (recipe.has("log.profile_steps")) {
+    const auto window = recipe.getIntList("log.profile_steps");
+    if (window.size() == 2) {
+      const std::string path =
+          (fs::path(session.runDir()) / "traces" / ("rank" + std::to_string(session.env().rank) + ".json")).string();
+      profiler.emplace(window[0], window[1], path, session.device().is_cuda());
+    }
+  }
+  const double peakFlops = session.devicePeakFlops();
+  const bool countsFlops = trainer.trainFlops(1) > 0 && peakFlops > 0;
+  const int world = session.env().world_size;
+  const at::Device device = session.device();
+  const std::string rateKey = unit + "_per_s";
 
   double itemsTotal = 0, timeTotal = 0;
+  PhaseTotals totals;
   while (step < steps) {
+    if (profiler) profiler->beforeStep(step + 1);
+    // The whole iteration: the step, its evaluation and checkpoint, its row
+    // and line; what no inner phase claims is "other".
     const auto stepStart = Clock::now();
+    takePhaseSeconds();  // from here
+    std::optional<PhaseScope> iteration(std::in_place, Phase::kOther);
     if (opCounter) opCounter->reset();
     StepReport report = task.step(step);
     const int64_t ops = opCounter ? opCounter->count() : 0;
     ++step;
-
-    const double stepTime = seconds(stepStart);
-    itemsTotal += report.items;
-    timeTotal += stepTime;
     summary.final_loss = report.loss;
+    // The step's memory, before its evaluation and checkpoint (their peaks
+    // show in the next step's): what train.max_memory_mb is checked against.
+    // The kernel's peak (ru_maxrss) is counted apart from the resident pages
+    // now (statm) and can trail them by a few pages.
+    const double memMb = device.is_cuda() ? deviceMemoryMb(device) : currentRssMb();
+    const double peakMemMb = std::max(memMb, device.is_cuda() ? peakDeviceMemoryMb(device) : peakRssMb());
+    const double hostPeakMb = device.is_cuda() ? peakRssMb() : peakMemMb;
 
     nlohmann::json line{{"step", step},
                         {"loss", report.loss},
                         {"lr", report.lr},
                         {"grad_norm", report.grad_norm},
-                        {"tokens_per_s", report.items / stepTime},
-                        {"step_time_s", stepTime},
-                        {"peak_rss_mb", peakRssMb()},
                         {"micro_batches", report.micro_batches}};
     if (!report.applied) line["skipped"] = true;
     if (report.nonfinite) line["nonfinite"] = true;
     if (opCounter) line["aten_ops"] = ops;
     for (const auto& [k, v] : report.metrics.items()) line[k] = v;
-    session.writeMetrics(line);
-    session.checkStepFinite(step, report.loss, report.grad_norm, report.nonfinite);
+    try {
+      session.checkStepFinite(step, report.loss, report.grad_norm, report.nonfinite);
+    } catch (...) {
+      session.writeMetrics("train", line);  // the step that ended the run, as far as it got
+      throw;
+    }
     session.recordStepReached(step);
-    progress.update(step, report.loss, report.items / stepTime, step % logEvery == 0 || step == steps, report.note);
 
     if ((evalEvery > 0 && step % evalEvery == 0) || step == steps) evaluate(step);
     bool saved = false;
     if ((ckptEvery > 0 && step % ckptEvery == 0) ||
         (step == steps && recipe.getBool("checkpoint.save_final"))) {
+      PhaseScope saving(Phase::kCheckpoint);
       session.saveCheckpoint(step, task.checkpointed());
       saved = true;
     }
-    if (session.stopRequested()) {
+    const bool stop = session.stopRequested();
+    if (stop && !saved) {
+      PhaseScope saving(Phase::kCheckpoint);
+      session.saveCheckpoint(step, task.checkpointed());
+    }
+    // The row: the step's figures and where its time went. Writing it and
+    // the progress line are the last of "other", a few microseconds.
+    iteration.reset();
+    const PhaseSeconds phases = takePhaseSeconds();
+    const double stepTime = seconds(stepStart);
+    const double trainingTime = std::max(1e-9, sum(phases) - phases[static_cast<size_t>(Phase::kEval)] -
+                                                   phases[static_cast<size_t>(Phase::kCheckpoint)]);
+    const double rate = report.items / trainingTime;
+    itemsTotal += report.items;
+    timeTotal += trainingTime;
+    totals.add(phases);
+    totals.steps_s += stepTime;
+    totals.training_s += trainingTime;
+    double mfu = -1;
+    if (countsFlops) {
+      const double flops = trainer.trainFlops(report.items);
+      totals.flops += flops;
+      mfu = flops / trainingTime / (peakFlops * world);
+      line["mfu"] = mfu;
+    }
+    line[rateKey] = rate;
+    line["step_time_s"] = stepTime;
+    for (size_t p = 0; p < phases.size(); ++p) {
+      line[std::string("time_") + phaseName(static_cast<Phase>(p)) + "_s"] = phases[p];
+    }
+    if (device.is_cuda()) {
+      line["device_mem_mb"] = memMb;
+      line["peak_device_mb"] = peakMemMb;
+    } else {
+      line["mem_mb"] = memMb;
+    }
+    line["peak_rss_mb"] = hostPeakMb;
+    session.writeMetrics("train", line);
+    ProgressLine shown;
+    shown.step = step;
+    shown.loss = report.loss;
+    shown.lr = report.lr;
+    shown.grad_norm = report.grad_norm;
+    shown.mfu = mfu;
+    shown.rate = rate;
+    shown.mem_mb = memMb;
+    shown.peak_mem_mb = peakMemMb;
+    shown.extra = report.note;
+    progress.update(shown, step % logEvery == 0 || step == steps);
+    // After the step's time is taken: writing the trace is not the step's.
+    if (profiler) profiler->afterStep(step);
+
+    if (stop) {
       progress.finish();
-      if (!saved) session.saveCheckpoint(step, task.checkpointed());
       session.stopAfterSave(step);
     }
   }
   progress.finish();
   summary.steps = step;
   summary.tokens_per_s = timeTotal > 0 ? itemsTotal / timeTotal : 0;
+  summary.step_time_s = totals.steps_s;
+  for (size_t p = 0; p < totals.seconds.size(); ++p) summary.phase_s[phaseName(static_cast<Phase>(p))] = totals.seconds[p];
+  if (countsFlops && totals.training_s > 0) summary.mfu = totals.flops / totals.training_s / (peakFlops * world);
   summary.wall_s = seconds(wallStart);
   return summary;
 }

@@ -140,6 +140,7 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkOffload(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
+  for (auto& p : checkProfileSteps(out.recipe)) problems.push_back(std::move(p));
   {
     // The sizes alone before the trainer sets up (its setup may rely on a
     // layout that splits the world); the model's shape after.

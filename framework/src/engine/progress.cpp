@@ -46,25 +46,32 @@ Progress::Progress(bool active, const std::string& mode, int64_t totalSteps, int
   bar_ = mode == "bar" || (mode == "auto" && tty);
 }
 
-void Progress::update(int64_t step, double loss, double tokensPerSecond, bool logLine, const std::string& extra) {
+void Progress::update(const ProgressLine& line, bool logLine) {
   if (!active_) return;
   const double elapsed = now() - startTime_;
-  const double perStep = elapsed / static_cast<double>(std::max<int64_t>(1, step - start_));
-  const double eta = perStep * static_cast<double>(total_ - step);
+  const double perStep = elapsed / static_cast<double>(std::max<int64_t>(1, line.step - start_));
+  const double eta = perStep * static_cast<double>(total_ - line.step);
+  // What follows the loss (fp16's scale, GRPO's scores), two spaces apart
+  // like every other figure.
+  const size_t from = line.extra.find_first_not_of(' ');
+  const std::string extra = from == std::string::npos ? "" : "  " + line.extra.substr(from);
+  char mfu[32] = "";
+  if (line.mfu >= 0) std::snprintf(mfu, sizeof mfu, "  mfu %.1f%%", 100 * line.mfu);
+  char figures[256];
+  std::snprintf(figures, sizeof figures, "loss %.4f%s  lr %.2e  gnorm %.3g%s  %.0f %s  mem %.0f/%.0f MiB  ETA %s",
+                line.loss, extra.c_str(), line.lr, line.grad_norm, mfu, line.rate, rateLabel_.c_str(),
+                line.mem_mb, line.peak_mem_mb, formatDuration(eta).c_str());
   if (bar_) {
     const int width = 24;
-    const int filled = static_cast<int>(width * step / std::max<int64_t>(1, total_));
+    const int filled = static_cast<int>(width * line.step / std::max<int64_t>(1, total_));
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %.0f %s  ETA %s ", bar.c_str(), static_cast<long long>(step),
-                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, rateLabel_.c_str(),
-                formatDuration(eta).c_str());
+    std::printf("\r[%s] step %lld/%lld  %s ", bar.c_str(), static_cast<long long>(line.step),
+                static_cast<long long>(total_), figures);
     std::fflush(stdout);
     barShown_ = true;
   } else if (logLine) {
-    std::printf("step %lld/%lld  loss %.4f%s  %.0f %s  ETA %s\n", static_cast<long long>(step),
-                static_cast<long long>(total_), loss, extra.c_str(), tokensPerSecond, rateLabel_.c_str(),
-                formatDuration(eta).c_str());
+    std::printf("step %lld/%lld  %s\n", static_cast<long long>(line.step), static_cast<long long>(total_), figures);
     std::fflush(stdout);
   }
 }

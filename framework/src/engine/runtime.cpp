@@ -10,6 +10,7 @@
 #include "ptrain/comm/communicator.h"
 #include "ptrain/core/host_allocator.h"
 #include "ptrain/core/logging.h"
+#include "ptrain/core/phase_timer.h"
 #include "ptrain/core/resources.h"
 #include "ptrain/engine/distributed_optimizer.h"
 #include "ptrain/engine/parallel.h"
@@ -340,6 +341,9 @@ StepResult ModelRuntime::step(const StepInput& input) {
   const auto& micro = input.micro_batches;
   const int count = static_cast<int>(micro.size());
   PTRAIN_CHECK(count > 0, "runtime '", options_.name, "': a step needs at least one micro-batch");
+  // Whatever no inner scope claims (the pipeline's waits, the reductions,
+  // the update) is the passes themselves.
+  PhaseScope passes(Phase::kForwardBackward);
   auto dpGroup = groups_->group(GroupKind::kData);
   auto ppGroup = groups_->group(GroupKind::kPipeline);
   // Under pipeline parallelism every stage draws its own dropout masks, from
@@ -394,8 +398,12 @@ StepResult ModelRuntime::step(const StepInput& input) {
   }
   // Unwound in reverse order: data-parallel sums first, then e.g. the
   // tensor-parallel sums of partial (sequence-parallel) gradients.
-  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->finishGradients();
+  {
+    PhaseScope reduce(Phase::kGradReduce);
+    for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->finishGradients();
+  }
 
+  PhaseScope update(Phase::kOptimizer);
   StepResult result;
   result.step = input.step;
   result.loss_scale = lossScale;

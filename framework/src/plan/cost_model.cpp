@@ -99,6 +99,18 @@ const DeviceSpec* findDevicePreset(const std::string& name) {
   return nullptr;
 }
 
+const DeviceSpec* presetForCudaDevice(const std::string& name, double memoryGib) {
+  // "NVIDIA H100 80GB HBM3" -> H100-80G: the generation in the name, the
+  // size the memory is closest to.
+  const DeviceSpec* best = nullptr;
+  for (const auto& d : devicePresets()) {
+    const std::string generation = d.name.substr(0, d.name.find('-'));
+    if (name.find(generation) == std::string::npos) continue;
+    if (best == nullptr || std::abs(d.memory_gib - memoryGib) < std::abs(best->memory_gib - memoryGib)) best = &d;
+  }
+  return best;
+}
+
 int64_t parameterCount(const ModelShape& m) {
   Layout whole;
   int64_t n = embeddingParameters(m, whole) + 2 * m.hidden + (m.tied_embeddings ? 0 : m.vocab * m.hidden);

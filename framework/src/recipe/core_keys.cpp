@@ -128,6 +128,14 @@ void describeCoreKeys(Schema& s) {
   s.add(key("log.count_ops", T::kBool, "false", "Count the ATen operators each training step dispatches into metrics.jsonl (`aten_ops`); a callback per op."));
   s.add(oneOf(key("log.progress", T::kString, "auto", "Progress display: a bar on a terminal, plain lines otherwise (auto)."),
               {"auto", "bar", "lines", "none"}));
+  s.add(key("log.tensorboard", T::kBool, "false",
+            "Also write every metric of metrics.jsonl as TensorBoard scalars (and the resolved recipe as text) to "
+            "RUN_DIR/tensorboard/ from rank 0; a resumed run continues the same curves (`tensorboard --logdir "
+            "RUN_DIR/tensorboard`)."));
+  s.add(key("log.profile_steps", T::kIntList, "[]",
+            "[A, B]: record training steps A to B (1-based, inclusive) with libtorch's profiler and write one "
+            "Chrome/Perfetto trace per rank to RUN_DIR/traces/rank<R>.json (operators, and ptrain's ranges for "
+            "each phase and collective); [] records none."));
 }
 
 }  // namespace ptrain

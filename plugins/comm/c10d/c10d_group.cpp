@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "ptrain/core/phase_timer.h"
 #include "store_adapter.h"
 
 namespace ptrain::c10d_group {
@@ -115,6 +116,7 @@ C10dWork::C10dWork(std::shared_ptr<GroupState> group, const char* op, c10::intru
 C10dWork::~C10dWork() = default;
 
 void C10dWork::wait(Timeout timeout) {
+  ProfileRange range("wait", group_->name);
   const Timeout limit = timeout.count() > 0 ? timeout : (timeout_.count() > 0 ? timeout_ : group_->timeout);
   if (work_ && group_->traits->bounded_wait) waitBounded(limit);
   if (work_) {
@@ -289,6 +291,7 @@ std::shared_ptr<Work> C10dProcessGroup::issue(const char* op, Timeout timeout,
                                               const std::function<c10::intrusive_ptr<c10d::Work>()>& call,
                                               std::function<void()> finish) {
   checkUsable(op);
+  ProfileRange range(op, state_->name);
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = call();

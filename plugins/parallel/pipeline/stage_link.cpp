@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "ptrain/core/phase_timer.h"
+
 namespace ptrain::pipeline {
 namespace {
 
@@ -35,6 +37,7 @@ StageLink::StageLink(std::shared_ptr<ProcessGroup> group, int chunks, std::vecto
 }
 
 void StageLink::waitTimed(Work& work) {
+  PhaseScope waiting(Phase::kPipelineWait);
   const auto start = Clock::now();
   work.wait();
   idle_ += std::chrono::duration<double>(Clock::now() - start).count();

@@ -1,6 +1,7 @@
 // The device a worker computes on, from the recipe's `device` key.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -21,10 +22,18 @@ PTRAIN_API double cudaDeviceMemoryGib(int index);
 // `device` since the process began, in MB; 0 for the cpu (peakRssMb() is the
 // host's) and in builds without CUDA.
 PTRAIN_API double peakDeviceMemoryMb(at::Device device);
+// What libtorch's caching allocator holds for tensors on `device` now, in MB;
+// 0 for the cpu and in builds without CUDA.
+PTRAIN_API double deviceMemoryMb(at::Device device);
 
 // Waits until every kernel queued on `device` has finished; nothing on the
 // cpu and in builds without CUDA. For timings of asynchronous work.
 PTRAIN_API void synchronizeDevice(at::Device device);
+
+// Floating-point operations per second of float32 matrix products of
+// `size` x `size` on this host, measured now on the calling thread's
+// intra-op threads for about `seconds`: the host's peak for MFU and planning.
+PTRAIN_API double measureHostMatmulFlops(int64_t size, double seconds);
 
 // `requested` is the recipe's device: "cpu", "cuda", or "auto" (cuda when a
 // GPU is visible). On cuda, the worker with local rank r takes GPU r and

@@ -7,6 +7,11 @@ namespace ptrain {
 
 // Peak resident set size of this process, in MiB.
 PTRAIN_API double peakRssMb();
+// Resident set size of this process now, in MiB (0 where /proc is missing).
+PTRAIN_API double currentRssMb();
+
+// Seconds since the epoch, now (the wall clock: metrics' `time`).
+PTRAIN_API double epochNow();
 
 // The environment variable `ptrain run` gives its workers: the wall-clock
 // time (seconds since the epoch) at which the command started.

@@ -83,6 +83,15 @@ struct TrainSummary {
   double checkpoint_load_bytes = 0;
   // Each rank's peak resident set over the whole run (MiB), by rank.
   std::vector<double> peak_rss_mb_ranks;
+  // Rank 0's seconds in each phase of its training steps (core/phase_timer.h:
+  // "data", "forward_backward", ..., "checkpoint", "other"), over every step
+  // of this run; they add up to step_time_s, the steps' seconds in all.
+  std::map<std::string, double> phase_s;
+  double step_time_s = 0;
+  // Model FLOPs of the steps (Trainer::trainFlops) over their seconds and the
+  // devices' peak (EngineOptions::device_peak_flops or the host's measured
+  // product rate), as a fraction; < 0 where the trainer does not count them.
+  double mfu = -1;
 };
 
 struct EngineOptions {
@@ -90,12 +99,20 @@ struct EngineOptions {
   bool resume = false;
   // With resume: the checkpoint step to resume from (-1: the newest).
   int64_t resume_step = -1;
+  // One device's peak FLOP/s in the run's precision, for MFU (`ptrain run`
+  // gives the plan's table's rate of the GPU it runs on); 0: on the cpu, the
+  // rate of float32 products this host measures at start, and on a GPU
+  // without an entry, no MFU.
+  double device_peak_flops = 0;
 };
 
 // The signal names checkpoint.on_signal accepts, and their numbers.
 PTRAIN_API int stopSignalNumber(const std::string& name);  // 0 when not one of them
 // Problems with checkpoint.on_signal (one line each; empty when fine).
 PTRAIN_API std::vector<std::string> checkStopSignals(const Recipe& recipe);
+// Problems with log.profile_steps: [] or [A, B] with 1 <= A <= B <=
+// train.steps (one line each; empty when fine).
+PTRAIN_API std::vector<std::string> checkProfileSteps(const Recipe& recipe);
 
 // What a training run gives its trainer: the recipe, the communicator, the
 // run folder, runtimes on any layout of the job's ranks, metrics and
@@ -126,12 +143,20 @@ class PTRAIN_API TrainingSession {
   // A runtime built by the trainer's buildModel (collective).
   std::unique_ptr<ModelRuntime> makeRuntime(RuntimeOptions options);
 
-  // Appends a line to RUN_DIR/metrics.jsonl (rank 0; others ignore it).
-  void writeMetrics(const nlohmann::json& line);
-  // Call right before the first training step: writes {"step", "startup_s"}
-  // (seconds since launch, core/resources.h) to metrics.jsonl. The default
-  // loop calls it; a trainer with a loop of its own calls it too.
+  // Appends `row` to RUN_DIR/metrics.jsonl with its `kind` ("train",
+  // "eval", "startup", "checkpoint", "summary") and `time` (seconds since
+  // the epoch), and, under log.tensorboard, its numbers as TensorBoard
+  // scalars "<kind>/<field>" at its "step" (a list: one per rank,
+  // "<kind>/<field>/rank<R>"). Rank 0; others ignore it.
+  void writeMetrics(const std::string& kind, nlohmann::json row);
+  // Call right before the first training step: writes the startup row
+  // ({"step", "startup_s"}: seconds since launch, core/resources.h, and the
+  // device peak MFU is measured against, "peak_flops"). The engine's loop
+  // calls it.
   void beginTraining(int64_t step);
+  // One device's peak FLOP/s for MFU (EngineOptions::device_peak_flops, or
+  // on the cpu this host's measured rate); 0 when not known.
+  double devicePeakFlops() const { return peakFlops_; }
   // Saves every runtime's share and `extra` (merged into meta.json) as
   // checkpoint `step`, atomically, keeping checkpoint.keep of them: each rank
   // writes what it owns (engine/sharded_checkpoint.h). Writes each rank's
@@ -194,6 +219,7 @@ class PTRAIN_API TrainingSession {
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
   TrainSummary figures_;  // startup_s and the checkpoint_* fields
+  double peakFlops_ = 0;
   int64_t nonfiniteInARow_ = 0;
   int64_t nonfiniteSkipped_ = 0;
   std::vector<int> stopSignals_;  // checkpoint.on_signal, whose handlers this session installed
@@ -224,7 +250,10 @@ struct StepReport {
 // checkpoint.load, the progress display (log.progress), one metrics.jsonl row
 // per step with the operator count (log.count_ops), train.on_nonfinite,
 // evaluation every train.eval_every steps and after the last, checkpoints
-// (checkpoint.every, save_final), and the stop signals (checkpoint.on_signal).
+// (checkpoint.every, save_final), the stop signals (checkpoint.on_signal),
+// each step's phase timers (core/phase_timer.h: a task marks its data with
+// Phase::kData, the runtime the rest), MFU (Trainer::trainFlops) and memory,
+// TensorBoard (log.tensorboard) and the profiler's window (log.profile_steps).
 // Every rank makes the same calls in the same order.
 class PTRAIN_API TrainingTask {
  public:

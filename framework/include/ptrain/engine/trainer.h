@@ -75,8 +75,10 @@ class PTRAIN_API Trainer : public Plugin {
   // What tokensIn counts, plural ("tokens", "samples", "images"): the unit of
   // the progress line's and the run summary's throughput.
   virtual const char* throughputUnit() const { return "tokens"; }
-  // FLOPs of one training step on `tokens` tokens (forward + backward), for MFU.
-  virtual double trainFlops(double tokens) const { return 0; }
+  // Model FLOPs of training on `items` of throughputUnit() (forward and
+  // backward; recomputation and padding not counted), for MFU on the progress
+  // line and in metrics.jsonl (docs/monitoring.md); 0: not counted, no MFU.
+  virtual double trainFlops(double items) const { return 0; }
   // After setup: the model's shape for the layout checks and the planner's
   // cost model (`ptrain check`, `ptrain plan`; layout/model_shape.h); nullopt for a model it cannot size.
   virtual std::optional<plan::ModelShape> modelShape() const { return std::nullopt; }

@@ -84,6 +84,9 @@ struct DeviceSpec {
 PTRAIN_API const std::vector<DeviceSpec>& devicePresets();
 // Null when there is no preset of that name.
 PTRAIN_API const DeviceSpec* findDevicePreset(const std::string& name);
+// The preset of a CUDA device by the name and memory it reports (e.g. "NVIDIA
+// H100 80GB HBM3", 79.1 -> H100-80G); null for a generation without one.
+PTRAIN_API const DeviceSpec* presetForCudaDevice(const std::string& name, double memoryGib);
 
 // Parameters of the whole model, and those one rank of `stage` holds.
 PTRAIN_API int64_t parameterCount(const ModelShape& shape);
