@@ -412,16 +412,34 @@ std::vector<double> niceTicks(double lo, double hi, int target, bool integer) {
   return ticks;
 }
 
+namespace {
+void drawFigure(cairo_t* cr, const Figure& figure);
+std::string writeSurfacePng(cairo_surface_t* surface, const std::string& path);
+}  // namespace
+
 std::string writePng(const Figure& figure, const std::string& path) {
+  return drawPng(figure.width, figure.height, path, [&](cairo_t* cr) { drawFigure(cr, figure); });
+}
+
+std::string drawPng(int width, int height, const std::string& path, const std::function<void(cairo_t*)>& draw) {
   std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface(
-      cairo_image_surface_create(CAIRO_FORMAT_RGB24, figure.width, figure.height), cairo_surface_destroy);
+      cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), cairo_surface_destroy);
   if (cairo_surface_status(surface.get()) != CAIRO_STATUS_SUCCESS) {
     return cairo_status_to_string(cairo_surface_status(surface.get()));
   }
-  std::unique_ptr<cairo_t, decltype(&cairo_destroy)> context(cairo_create(surface.get()), cairo_destroy);
-  cairo_t* cr = context.get();
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+  {
+    std::unique_ptr<cairo_t, decltype(&cairo_destroy)> context(cairo_create(surface.get()), cairo_destroy);
+    cairo_set_source_rgb(context.get(), 1, 1, 1);
+    cairo_paint(context.get());
+    draw(context.get());
+  }
+  cairo_surface_flush(surface.get());
+  return writeSurfacePng(surface.get(), path);
+}
+
+namespace {
+
+void drawFigure(cairo_t* cr, const Figure& figure) {
 
   // Every length is given for the default 1200x900 and scaled with the
   // picture, so a small --size stays legible and a large one is not sparse.
@@ -445,8 +463,6 @@ std::string writePng(const Figure& figure, const std::string& path) {
     const Rect cell{margin + (i % cols) * cellW, top + (i / cols) * cellH, cellW, cellH};
     painter.draw(figure.panels[i], cell);
   }
-
-  return writeSurfacePng(surface.get(), path);
 }
 
 std::string writeSurfacePng(cairo_surface_t* surface, const std::string& path) {
@@ -472,5 +488,7 @@ std::string writeSurfacePng(cairo_surface_t* surface, const std::string& path) {
   if (!closed) return std::strerror(errno);
   return "";
 }
+
+}  // namespace
 
 }  // namespace ptrain::cli::plot

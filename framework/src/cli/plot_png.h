@@ -6,6 +6,7 @@
 // writing a surface) serve the timeline of plot_trace.cpp as well.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -79,8 +80,10 @@ struct TickLabels {
 };
 TickLabels formatTicks(const std::vector<double>& ticks);
 
-// Writes `surface` (an image surface) to `path` as a PNG. Returns "" on
-// success, else why not, in the system's words (no such folder, disk full).
-std::string writeSurfacePng(cairo_surface_t* surface, const std::string& path);
+// Calls `draw` on a white `width` x `height` picture and writes it to `path`
+// as a PNG. Returns "" on success, else why not: cairo's words for a picture
+// it cannot make, the system's for a file it cannot write (no such folder,
+// disk full).
+std::string drawPng(int width, int height, const std::string& path, const std::function<void(cairo_t*)>& draw);
 
 }  // namespace ptrain::cli::plot

@@ -365,18 +365,20 @@ int timelineHeight(const Timeline& timeline) {
   return std::clamp(static_cast<int>(std::ceil(h)), 200, 10000);
 }
 
+namespace {
+// Draws `timeline` on a white `width` x `height` picture.
+void drawTimeline(cairo_t* cr, const Timeline& timeline, int width, int height);
+}  // namespace
+
 std::string writeTimelinePng(const Timeline& timeline, const std::string& path) {
   const int width = timeline.width;
   const int height = timeline.height > 0 ? timeline.height : timelineHeight(timeline);
-  std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface(
-      cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), cairo_surface_destroy);
-  if (cairo_surface_status(surface.get()) != CAIRO_STATUS_SUCCESS) {
-    return cairo_status_to_string(cairo_surface_status(surface.get()));
-  }
-  std::unique_ptr<cairo_t, decltype(&cairo_destroy)> context(cairo_create(surface.get()), cairo_destroy);
-  cairo_t* cr = context.get();
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+  return drawPng(width, height, path, [&](cairo_t* cr) { drawTimeline(cr, timeline, width, height); });
+}
+
+namespace {
+
+void drawTimeline(cairo_t* cr, const Timeline& timeline, int width, int height) {
   const Metrics m(scaleOf(width));
   const double s = m.s;
 
@@ -537,8 +539,8 @@ std::string writeTimelinePng(const Timeline& timeline, const std::string& path) 
       sharedClock ? "milliseconds from the first range" : "milliseconds from each trace's first range";
   drawText(cr, from + (labels.multiplier.empty() ? "" : " (" + labels.multiplier + ")"),
            left + plotW / 2, bottom + tickLen + 4 * s + 10 * s + 8 * s, 0.5, 0);
-
-  return writeSurfacePng(surface.get(), path);
 }
+
+}  // namespace
 
 }  // namespace ptrain::cli::plot

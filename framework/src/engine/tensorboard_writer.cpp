@@ -5,11 +5,12 @@
 
 #include <array>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <stdexcept>
+
+#include "ptrain/core/resources.h"
 
 namespace ptrain {
 
@@ -85,10 +86,6 @@ std::string summaryEvent(double wallTime, int64_t step, const std::string& value
   return event;
 }
 
-double secondsNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 std::string hostName() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
@@ -142,7 +139,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
 
   // Readers check the version event first to know the format of the records after it.
   std::string event;
-  putDouble(event, 1, secondsNow());
+  putDouble(event, 1, epochNow());
   putBytes(event, 3, "brain.Event:2");
   writeRecord(event);
   try {
