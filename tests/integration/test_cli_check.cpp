@@ -174,6 +174,26 @@ TEST(CliCheck, ReservedKeysRefuseWhatIsNotBuilt) {
   EXPECT_EQ(lines(r.output).at(0), ok + ": OK") << r.output;
 }
 
+// The device section: `device: cpu` is short for device.type; TF32 is
+// refused where nothing would read it (the cpu), from the file or the
+// command line; `run` refuses it as `check` does.
+TEST(CliCheck, DeviceSectionAndTf32) {
+  TempDir dir;
+  std::string shorthand = dir.write("short.yaml", std::string(kValid) + "device: cpu\n");
+  test::ProcessResult r = runPtrain({"check", shorthand}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::string section = dir.write("section.yaml", std::string(kValid) + "device: {type: cpu, tf32: true}\n");
+  expectProblems({section}, {"ptrain: " + section +
+                             ":5:21: device.tf32: true, but device.type is cpu; TF32 is a format of CUDA tensor cores: "
+                             "remove device.tf32 or set device: cuda"});
+  expectProblems({shorthand, "device.tf32=true"},
+                 {"ptrain: <command line>: device.tf32: true, but device.type is cpu; TF32 is a format of CUDA tensor "
+                  "cores: remove device.tf32 or set device: cuda"});
+  r = runPtrain({"run", shorthand, "device.tf32=true", "--run-dir", dir.path() + "/run"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("device.tf32: true, but device.type is cpu"), std::string::npos) << r.output;
+}
+
 // Loss-scale settings that cannot work, and precision names no plugin has:
 // exit 2, one line each, pointing at the key.
 TEST(CliCheck, PrecisionSettingsThatCannotWorkOneLineEach) {

@@ -89,13 +89,15 @@ TEST(CostModel, HandComputedParametersMemoryAndFlops) {
   EXPECT_EQ(h.params, 109312.0 * 2);
   EXPECT_EQ(h.optimizer, 109312.0 * 12);
   // The distributed optimizer at dp 4: moments and float32 copies of a
-  // quarter, and the reduced quarter of the gradients.
+  // quarter; the reduced quarter of the gradients lies in the gradient
+  // buffer, which the gradients are views of.
   half.dp = 4;
   half.global_batch = 8;
   half.distributed_optimizer = true;
   const auto d = plan::estimateMemory(m, half, roomyDevice(), 0);
   EXPECT_EQ(d.optimizer, 109312.0 * 12 / 4);
-  EXPECT_EQ(d.grads, 109312.0 * 4 * 1.25);
+  EXPECT_EQ(d.grads, 109312.0 * 4);
+  EXPECT_EQ(d.buffers, 0);
 
   // FLOPs of one step: forward per block 2*b*s*(4h^2 + 2hf) + 4*b*s^2*h =
   // 3,276,800, the head 2*b*s*h*V = 524,288; backward twice the forward.

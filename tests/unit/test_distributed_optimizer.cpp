@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -149,6 +150,57 @@ TEST(DistributedOptimizerRanks, MatchesTheNonShardedOptimizerOver20Steps) {
       }
     });
     EXPECT_EQ(failures, "") << describe(c);
+  }
+}
+
+// Overlapping the gradient reduction with backward changes when the
+// collectives run, never what they sum: with parallel.overlap_grad_reduce on
+// and off, the same losses and parameters bit for bit, for the data plugin's
+// all-reduce and the distributed optimizer's reduce-scatter, including the
+// buckets whose gradients other plugins complete after backward
+// (sequence-parallel LayerNorms, the tied embedding of a pipeline's two ends).
+TEST(DistributedOptimizerRanks, OverlapChangesNothingBitForBit) {
+  struct OverlapCase {
+    int world, tp, pp;
+    bool distributed;
+  };
+  for (const OverlapCase& c : {OverlapCase{2, 1, 1, false}, OverlapCase{2, 1, 1, true}, OverlapCase{4, 2, 1, true},
+                               OverlapCase{4, 1, 2, true}}) {
+    std::string failures = test::runRanks(c.world, [&c](int rank, int size, int port) {
+      auto comm = worldOf(rank, size, port, layoutOf(size, c.tp, c.pp));
+      auto run = [&](bool overlap) {
+        llm::LlmTrainer trainer{PluginContext{}};
+        std::vector<std::string> o = layoutOverrides(c.tp, c.pp, c.tp > 1);
+        o.push_back("parallel.grad_bucket_size_mb=0.01");
+        o.push_back(std::string("optimizer.distributed=") + (c.distributed ? "true" : "false"));
+        o.push_back(std::string("parallel.overlap_grad_reduce=") + (overlap ? "true" : "false"));
+        Recipe recipe = llmRecipe(trainer, o);
+        trainer.setup(recipe);
+        ModelRuntime rt(*comm, registry(), [&](const ModelBuild& b) { return trainer.buildModel(b); },
+                        llmOptions(recipe, comm->layout(), true));
+        std::vector<double> losses;
+        std::vector<double> overlapped;
+        const int dp = size / (c.tp * c.pp);
+        for (int step = 0; step < 4; ++step) {
+          StepResult r = llmStep(rt, trainer, step, 8 / dp / 2);
+          losses.push_back(r.loss);
+          overlapped.push_back(r.stats.count("dp_overlapped_bytes") ? r.stats.at("dp_overlapped_bytes") : -1);
+        }
+        std::vector<at::Tensor> params;
+        for (auto& [name, p] : rt.model().localParameters()) params.push_back(p.detach().clone());
+        return std::make_tuple(losses, params, overlapped);
+      };
+      auto [lossesOn, paramsOn, overlappedOn] = run(true);
+      auto [lossesOff, paramsOff, overlappedOff] = run(false);
+      EXPECT_EQ(lossesOn, lossesOff);
+      ASSERT_EQ(paramsOn.size(), paramsOff.size());
+      for (size_t i = 0; i < paramsOn.size(); ++i) EXPECT_TRUE(torch::equal(paramsOn[i], paramsOff[i])) << i;
+      // The overlap happened: buckets were on the wire during backward.
+      EXPECT_GT(overlappedOn.back(), 0);
+      EXPECT_EQ(overlappedOff.back(), 0);
+    });
+    EXPECT_EQ(failures, "") << "world " << c.world << " tp " << c.tp << " pp " << c.pp << " distributed "
+                            << c.distributed;
   }
 }
 

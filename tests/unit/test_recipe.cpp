@@ -303,7 +303,7 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
             std::vector<std::string>{
                 "<command line>: offload.params: expected true or false, got 'maybe'; write true or false"});
   EXPECT_EQ(problemsOf(kMinimal, {"device=tpu"}),
-            std::vector<std::string>{"<command line>: device: 'tpu' is not one of auto, cpu, cuda; did you mean 'cpu'?"});
+            std::vector<std::string>{"<command line>: device.type: 'tpu' is not one of auto, cpu, cuda; did you mean 'cpu'?"});
 
   // The values that run today pass, however they are spelt.
   EXPECT_EQ(problemsOf(kMinimal, {"offload.params=false", "offload.optimizer=no", "precision.name=fp32",
@@ -315,7 +315,7 @@ TEST(RecipeErrors, ReservedKeysRefuseWhatIsNotBuilt) {
   plain.validate(coreSchema());
   EXPECT_EQ(plain.getInt("train.eval_batches"), 8);
   EXPECT_FALSE(plain.isExplicit("train.eval_batches"));
-  EXPECT_EQ(plain.getString("device"), "auto");
+  EXPECT_EQ(plain.getString("device.type"), "auto");
   EXPECT_EQ(plain.toYaml().find("eval_batches"), std::string::npos) << plain.toYaml();
   Recipe again = Recipe::fromString(plain.toYaml(), "resolved.yaml");
   EXPECT_EQ(again.validateAll(coreSchema()), std::vector<std::string>{});

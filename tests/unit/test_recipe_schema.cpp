@@ -379,7 +379,8 @@ TEST(RecipeSchema, CoreReservedKeys) {
     EXPECT_FALSE(k->reserved.empty()) << path;
     EXPECT_EQ(k->reserved_accepts, accepts) << path;
   }
-  const KeySpec* device = s.find("device");
+  const KeySpec* device = s.find("device.type");
+  ASSERT_NE(device, nullptr);
   EXPECT_EQ(device->type, ValueType::kString);
   EXPECT_EQ(device->default_value, "auto");
   EXPECT_TRUE(device->reserved.empty());

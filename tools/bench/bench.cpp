@@ -126,7 +126,9 @@ PtrainRun runPtrain(const fs::path& binary, const fs::path& source, const GptSiz
   std::string line;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
-    if (!j.contains("step_time_s")) continue;
+    // Training rows only (metrics.jsonl also holds startup, eval, checkpoint
+    // and summary rows, told apart by "kind").
+    if (j.value("kind", "train") != "train" || !j.contains("step_time_s")) continue;
     if (j["step"].get<int>() > warmup) {
       stepTimes.push_back(j["step_time_s"].get<double>());
       if (j.contains("pp_bubble")) bubbles.push_back(j["pp_bubble"].get<double>());
@@ -586,7 +588,8 @@ int main(int argc, char** argv) {
       std::string line;
       while (std::getline(metrics, line)) {
         auto j = nlohmann::json::parse(line);
-        if (j.contains("step_time_s") && j["step"].get<int>() > warmup) stepTimes.push_back(j["step_time_s"].get<double>());
+        if (j.value("kind", "train") == "train" && j.contains("step_time_s") && j["step"].get<int>() > warmup)
+          stepTimes.push_back(j["step_time_s"].get<double>());
       }
       fs::remove_all(runDir);
       const double step = median(stepTimes);

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The offline GPU check: builds ptrain on a machine with a GPU, PyTorch and no network, then runs the
-# GPU tests, trains the quickstart on the GPU and times a ~1.2B-parameter GPT beside PyTorch eager.
+# The offline GPU check: builds ptrain on a machine with a GPU, PyTorch and no network, runs the GPU
+# tests, trains the quickstart on the GPU, and times ptrain in bf16 on a 1.2B and a 0.3B GPT beside
+# PyTorch eager written as a tuned user writes it (autocast bf16, SDPA, fused AdamW, gradients freed between steps) and beside
+# torch.compile of that; then TF32 and fp32 beside plain eager, then the memory levers, as far as the
+# budget goes.
 #
 #   tools/device/fetch-debs.sh                       # first, on Debian 12 with network (fills tools/device/debs/)
 #   tools/device/check.sh                            # on the GPU machine, from anywhere in the tree
@@ -11,34 +14,66 @@
 # tools/device/debs/ is git-ignored: whatever copies the tree to the GPU machine must carry it (18 files,
 # 12.5 MiB; 183 MB once unpacked, under the build folder). Other options: --build DIR (default
 # build-device, relative to the tree's root), --jobs N (default: every core), --budget SECONDS (default
-# 450 for the whole script: each phase's limit is cut to leave the later phases their minimum),
-# --test-label L (default gpu), --quickstart-nproc N (default 1), --skip-bench, --quick (builds only
-# ptrain, its plugins and the GPU tests; runs the GPU tests, the offload phase, then the quickstart; no
-# eager or bench runs: for a second try in a short lease).
+# 540: the whole check, build included, in one device call of at most 600 s; each phase's limit is cut
+# to leave the later phases their minimum), --test-label L (default gpu), --quickstart-nproc N (default
+# 1), --skip-bench, --quick (builds only ptrain, its plugins and the GPU tests; runs the GPU tests, the
+# quickstart, then, if time is left, the single most important pair: ptrain bf16 on the 1.2B GPT beside
+# tuned eager, which ran during the build: for a second try in a short lease).
 #
-# Phase limits, in seconds: configure 120, build 330, gpu-tests 150, quickstart 75, bench 120 per ptrain
-# run (the TF32 one only with 45 left), eager 100 per run (in the background during the build), offload
-# 110 per run (with 60 left).
+# Order: what matters most comes first, so a budget cut short loses the least: build, gpu-tests,
+# quickstart, bench-bf16 (the 1.2B GPT, then the 350M), bench-tf32, bench-fp32, levers. The build
+# (~184 s at -j16, 123 s for --quick's targets) leaves the GPU idle: the eager runs go then, in this
+# order, each under its own timeout: tuned 1.2B, compiled 1.2B, tuned 350M, compiled 350M, TF32 1.2B,
+# fp32 1.2B. Each is limited so as to leave the phases after the build 180 s (gpu-tests, quickstart,
+# the first ptrain row), and one that would get less than its minimum is passed over (torch.compile
+# first: it needs the most). None starts once the build has ended; the one going then finishes before
+# the GPU tests start, so nothing shares the GPU while it is timed. Whatever did not run during the
+# build runs in the bench phase beside its ptrain row, if the budget leaves its minimum.
+#
+# Phase limits, in seconds, each also cut to what the budget leaves: configure 120, build 300 (leaving
+# 100), gpu-tests 150 (leaving 85: the quickstart and the first ptrain row), quickstart 75 (leaving 75
+# for the first pair; none in --quick); ptrain bench runs 120 on the 1.2B GPT in bf16 and 90 on the
+# others (started with 45 left, 40 for the 350M; from the 350M on, a ptrain row starts only if its
+# eager row, when still to run, has 30 left after it); eager: tuned 90 on the 1.2B and 60 on the
+# 350M, TF32 60, fp32 75 (each started with 30 left), torch.compile 180 on the 1.2B and 150 on the
+# 350M (compiling a 1.2B GPT takes 60-120 s; started only with 100 and 80 left, the 1.2B's in the
+# bench phase only if 45 remain after it for the 350M's ptrain row); memory levers 90 per run
+# (started with 45 left). At the default budget and the build's measured time, the bf16 table and
+# the TF32 pair are expected to fit; fp32 and the levers take what is left.
 #
 # Phases, each under `timeout`, each recorded whatever happens to the others:
 #   extract     dpkg-deb -x of every tools/device/debs/*.deb into <build>/deps (never into /)
 #   configure   cmake -G Ninja, CMAKE_PREFIX_PATH = <build>/deps/usr first, then PyTorch's
 #               torch.utils.cmake_prefix_path; each package's *_DIR is checked to lie in <build>/deps
-#   build       every default target, -j<jobs> (niced), sm_90 only (H100/H200)
-#   eager       tools/bench/gpt_eager.py --device cuda, fp32 then TF32, while the build runs
-#               (the GPU is otherwise idle then; the build is niced so the Python thread keeps a core)
+#   build       every default target, -j<jobs> (niced), sm_90 only (H100/H200); tools/bench/gpt_eager.py
+#               --device cuda meanwhile (the GPU is otherwise idle then; the build is niced so the
+#               Python thread keeps a core)
 #   gpu-tests   ctest -L gpu. ASSUMPTION: GPU tests carry the ctest label "gpu" and skip (GTEST_SKIP,
 #               "no CUDA device") where no GPU is visible; here a skipped test is a failure
 #   quickstart  ptrain run configs/quickstart.yaml device=cuda (one process: one GPU), final exact match
-#   bench       ptrain run tools/device/gpt_1b.yaml device=cuda, fp32 (NVIDIA_TF32_OVERRIDE=0), then
-#               TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) if time is left; tokens/s and MFU beside eager
-#   offload     the same GPT, fp32, 4 steps, every block recomputed (model.recompute=full): without
-#               offload, then with parameters, gradients and optimizer states in pinned host memory,
-#               then (time permitting) parameters alone and all three without recomputation: step
-#               time and the device's peak beside the bench's fp32 run
+#   bench-bf16  ptrain run tools/device/gpt_1b.yaml, then gpt_350m.yaml, precision.name=bf16 (bf16
+#               parameters and activations, float32 masters and gradient accumulation), beside
+#               gpt_eager.py --tuned (autocast bf16 over fp32 weights, SDPA, fused AdamW, zero_grad(set_to_none=True)) and --tuned
+#               --compile; the table: step time, tokens/s, TFLOP/s (6N per token), MFU against the
+#               card's dense peak for the row's precision (H100 SXM, H200, A100; '-' on others), ptrain's
+#               own mfu, device peak; ptrain/eager-tuned and ptrain/compile tokens/s, device memory
+#               below eager or not, and the targets as PASS/MISS lines (informational: MFU >= 50% of
+#               the bf16 peak on the 1.2B GPT, >= 1.1x tuned eager's tokens/s, >= torch.compile's,
+#               device memory below eager's)
+#   bench-tf32  the 1.2B GPT, ptrain device.tf32=true (ptrain's own switch, in the device section:
+#               device.type=cuda beside it) beside gpt_eager.py --tf32
+#   bench-fp32  the 1.2B GPT, ptrain device.tf32=false (and NVIDIA_TF32_OVERRIDE=0, so the row is fp32
+#               whatever libtorch defaults to) beside gpt_eager.py
+#   levers      the 1.2B GPT in bf16, 6 steps: full recomputation, then with parameters, gradients and
+#               optimizer states in pinned host memory, the distributed optimizer, parameters alone
+#               with recomputation, all three without: step time and the device's peak beside
+#               bench-bf16's row
 #
-# The summary goes to $OUT/summary.txt when OUT is set (phase logs to $OUT/device-logs/), else to
-# <build>/summary.txt. Exit status 0 when every phase passed.
+# The summary goes to $OUT/summary.txt when OUT is set (phase logs to $OUT/device-logs/, the bench
+# runs' JSON lines, statuses and metrics.jsonl files to $OUT/device-bench/, from which
+# tools/device/bench_table.py prints the tables again), else to <build>/summary.txt. Exit status 0
+# when every phase passed (the targets are informational; bench-tf32, bench-fp32 and levers left out
+# by the budget are skips, not failures).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -47,7 +82,7 @@ cd "$root" || exit 1
 python=python3
 build="build-device"
 jobs=$(nproc)
-budget=450
+budget=540
 label=gpu
 qs_nproc=1
 configure_only=0
@@ -77,8 +112,18 @@ rm -rf "$logs"
 mkdir -p "$logs"
 if [ -n "${OUT:-}" ]; then summary_file="$OUT/summary.txt"; else summary_file="$build/summary.txt"; fi
 
-# The GPT that both sides time (tools/device/gpt_1b.yaml holds the same numbers for ptrain).
-B_LAYERS=24 B_HIDDEN=2048 B_HEADS=16 B_SEQ=1024 B_BATCH=4 B_VOCAB=16 B_WARMUP=2 B_STEPS=6
+# The GPTs that both sides time (tools/device/gpt_1b.yaml and gpt_350m.yaml hold the same numbers for
+# ptrain): name -> gpt_eager.py's arguments, the recipe, and L,h,heads,s,b,V for the table.
+declare -A M_EAGER=([1b]="--layers 24 --hidden 2048 --heads 16 --seq 1024 --batch 4"
+                    [350m]="--layers 24 --hidden 1024 --heads 16 --seq 1024 --batch 8")
+declare -A M_YAML=([1b]=tools/device/gpt_1b.yaml [350m]=tools/device/gpt_350m.yaml)
+declare -A M_SPEC=([1b]="24,2048,16,1024,4,16" [350m]="24,1024,16,1024,8,16")
+# Steps: 2 warm-up and 10 timed on both sides (bf16 steps are short: ten keep the median steady);
+# torch.compile warms up 3, its first step compiling. The levers: 6 steps, the median after two.
+B_VOCAB=16 B_WARMUP=2 B_STEPS=10 C_WARMUP=3 LEVER_STEPS=6
+# What the phases after the build need at least (gpu-tests 90, quickstart 30, the first ptrain row 45,
+# the summary): each eager run during the build is limited so as to leave them this much after it.
+POST_BUILD=180
 
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
@@ -112,6 +157,7 @@ run_phase() {
   ph_rc=$?
   ph_s=$(( $(date +%s) - t0 ))
   if [ $ph_rc -eq 124 ] || [ $ph_rc -eq 137 ]; then echo "== $name: timed out after ${lim}s" >>"$log"; fi
+  echo "rc=$ph_rc" >>"$log"  # the summary shows the tails of logs not ending in rc=0
 }
 status_of() {  # rc -> ok | TIMEOUT | FAIL
   if [ "$1" -eq 0 ]; then echo ok; elif [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then echo TIMEOUT; else echo FAIL; fi
@@ -151,6 +197,16 @@ write_summary() {
   if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT/device-logs"
     for f in "$logs"/*; do [ -f "$f" ] && tail -n 3000 "$f" >"$OUT/device-logs/$(basename "$f")"; done
+    # What the tables were made of (a few kB): bench_table.py reads them again anywhere.
+    if [ -d "${bench_dir:-}" ]; then
+      mkdir -p "$OUT/device-bench"
+      for f in "$bench_dir"/*.json "$bench_dir"/*.status; do [ -f "$f" ] && cp "$f" "$OUT/device-bench/"; done
+      for f in "$bench_dir"/*/metrics.jsonl; do
+        [ -f "$f" ] || continue
+        mkdir -p "$OUT/device-bench/$(basename "$(dirname "$f")")"
+        cp "$f" "$OUT/device-bench/$(basename "$(dirname "$f")")/"
+      done
+    fi
   fi
   echo
   cat "$summary_file"
@@ -256,21 +312,83 @@ else
 fi
 if [ $configure_only -eq 1 ]; then finish; fi
 
-# --- build, with the eager benchmark on the idle GPU meanwhile ----------------------------------------
+# --- the bench runs' bookkeeping -------------------------------------------------------------------------
+# Every bench run has a name: bench-<precision>-ptrain-<model>, bench-<precision>-eager-<kind>-<model>
+# (kind: tuned, compiled, plain) or levers-<lever>. Its log is $logs/NAME.log, its result in $bench_dir
+# (NAME/metrics.jsonl or NAME.json), and its outcome NAME.status: STATUS|SECONDS|NOTE, written by
+# whichever process ran it (the eager runs during the build run in a subshell) and read by the table.
 bench_dir="$build/device-bench"
 rm -rf "$bench_dir"
 mkdir -p "$bench_dir"
+set_status() { echo "$1|$2|$3" >"$bench_dir/$4.status"; }  # STATUS SECONDS NOTE NAME
+get_status() { cut -d'|' -f1 "$bench_dir/$1.status" 2>/dev/null; }
+get_seconds() { cut -d'|' -f2 "$bench_dir/$1.status" 2>/dev/null; }
+outcome() {  # NAME RC SECONDS [NOTE]: the status file of a finished run
+  local st note=${4:-}
+  st=$(status_of "$2")
+  case $st in TIMEOUT) note="timed out${note:+; $note}" ;; FAIL) note="failed, rc=$2 (see $1.log)" ;; esac
+  set_status "$st" "$3" "$note" "$1"
+}
+
+eager_caps() {  # NAME -> "CAP MIN": its limit, and the least it starts with
+  case $1 in
+    bench-bf16-eager-tuned-1b) echo "90 30" ;;
+    bench-bf16-eager-tuned-350m) echo "60 30" ;;
+    bench-bf16-eager-compiled-1b) echo "180 100" ;;
+    bench-bf16-eager-compiled-350m) echo "150 80" ;;
+    bench-tf32-eager-plain-*) echo "60 30" ;;
+    *) echo "75 30" ;;
+  esac
+}
+# eager_run NAME LIMIT [NOTE]: one gpt_eager.py run.
+eager_run() {
+  local name=$1 lim=$2 note=${3:-} prec kind model t0 rc flags=()
+  prec=${name#bench-}; prec=${prec%%-*}
+  model=${name##*-}
+  kind=${name#bench-"$prec"-eager-}; kind=${kind%-*}
+  case $kind in
+    tuned) flags=(--tuned --warmup "$B_WARMUP") ;;
+    compiled) flags=(--tuned --compile --warmup "$C_WARMUP") ;;
+    *) flags=(--warmup "$B_WARMUP"); [ "$prec" = tf32 ] && flags+=(--tf32) ;;
+  esac
+  local log="$logs/$name.log"
+  # shellcheck disable=SC2206  # the model's arguments are words
+  local cmd=("$python" tools/bench/gpt_eager.py --device cuda ${M_EAGER[$model]} --vocab "$B_VOCAB"
+             --steps "$B_STEPS" "${flags[@]}")
+  echo "== $name (limit ${lim}s): ${cmd[*]}" | tee "$log"
+  t0=$(date +%s)
+  timeout -k 5 "$lim" "${cmd[@]}" >"$bench_dir/$name.json" 2>>"$log"
+  rc=$?
+  echo "rc=$rc" >>"$log"
+  outcome "$name" "$rc" $(( $(date +%s) - t0 )) "$note"
+}
+# eager_wanted NAME: whether the bench phase should run it (the build's end or the budget left it out).
+eager_wanted() {
+  local st
+  st=$(get_status "$1")
+  [ -z "$st" ] || [ "$st" = not-run ]
+}
+
+# --- build, with the eager runs on the idle GPU meanwhile -------------------------------------------
 eager_pid=
-eager_limit=$(limit 100 150)
-if [ $skip_bench -eq 0 ] && [ $quick -eq 0 ] && [ -n "$gpu_name" ] && [ "$eager_limit" -ge 30 ]; then
+eager_queue=()
+if [ $skip_bench -eq 0 ] && [ -n "$gpu_name" ]; then
+  if [ $quick -eq 1 ]; then
+    eager_queue=(bench-bf16-eager-tuned-1b)
+  else
+    eager_queue=(bench-bf16-eager-tuned-1b bench-bf16-eager-compiled-1b bench-bf16-eager-tuned-350m
+                 bench-bf16-eager-compiled-350m bench-tf32-eager-plain-1b bench-fp32-eager-plain-1b)
+  fi
   (
-    for m in fp32 tf32; do
-      flag=()
-      [ $m = tf32 ] && flag=(--tf32)
-      timeout -k 5 "$eager_limit" "$python" tools/bench/gpt_eager.py --device cuda --layers $B_LAYERS \
-        --hidden $B_HIDDEN --heads $B_HEADS --seq $B_SEQ --batch $B_BATCH --vocab $B_VOCAB \
-        --warmup $B_WARMUP --steps $B_STEPS "${flag[@]}" >"$bench_dir/eager_$m.json" 2>"$logs/bench-eager-$m.log"
-      echo "rc=$?" >>"$logs/bench-eager-$m.log"
+    for name in "${eager_queue[@]}"; do
+      [ -e "$bench_dir/.build-done" ] && break
+      read -r cap least <<<"$(eager_caps "$name")"
+      lim=$(limit "$cap" "$POST_BUILD")
+      if [ "$lim" -lt "$least" ]; then
+        set_status not-run 0 "not run during the build: ${lim}s left of the ${least}s it needs" "$name"
+        continue
+      fi
+      eager_run "$name" "$lim" "during the build"
     done
   ) &
   eager_pid=$!
@@ -279,7 +397,7 @@ keep_going=()  # ninja: build every target that can be built, so one failure doe
 [ "$generator" = Ninja ] && keep_going=(-- -k 0)
 targets=()     # --quick: what the later phases run (the GPU tests depend on ptrain and every plugin)
 [ $quick -eq 1 ] && targets=(--target ptrain_gpu_tests)
-run_phase build "$(limit 330 100)" "$logs/build.log" nice -n 10 cmake --build "$build" -j "$jobs" "${targets[@]}" \
+run_phase build "$(limit 300 100)" "$logs/build.log" nice -n 10 cmake --build "$build" -j "$jobs" "${targets[@]}" \
   "${keep_going[@]}"
 record build "$(status_of $ph_rc)" "$ph_s" "-j$jobs, last step $(grep -o '^\[[0-9]*/[0-9]*\]' "$logs/build.log" | tail -1)"
 build_rc=$ph_rc
@@ -288,19 +406,24 @@ if [ $build_rc -ne 0 ] && [ $build_rc -ne 124 ] && [ -x "$build/bin/ptrain" ] &&
   extra+=("" "build failed, but bin/ptrain and bin/ptrain_gpu_tests were built: the later phases ran")
   build_rc=0
 fi
-if [ -n "$eager_pid" ]; then wait "$eager_pid"; fi
+# No eager run starts after the build; the one going ends before anything else uses the GPU, so that
+# nothing shares the GPU while it is timed. Its limit left the phases after the build POST_BUILD.
+if [ -n "$eager_pid" ]; then
+  touch "$bench_dir/.build-done"
+  wait "$eager_pid"
+fi
 
 # --- GPU tests -------------------------------------------------------------------------------------------
 if [ $build_rc -ne 0 ]; then
   record gpu-tests skip 0 "no build"
-elif [ "$(limit 150 80)" -lt 20 ]; then
+elif [ "$(limit 150 85)" -lt 20 ]; then
   record gpu-tests TIMEOUT 0 "no time left"
 else
   listed=$(cd "$build" && ctest -N -L "$label" 2>/dev/null | sed -n 's/^Total Tests: //p')
   if [ "${listed:-0}" -eq 0 ]; then
     record gpu-tests NONE 0 "no ctest test carries the label '$label' (see the ASSUMPTION at the top of this script)"
   else
-    run_phase gpu-tests "$(limit 150 80)" "$logs/gpu-tests.log" \
+    run_phase gpu-tests "$(limit 150 85)" "$logs/gpu-tests.log" \
       ctest --test-dir "$build" -L "$label" -V -j 8
     line=$(grep -E 'tests passed' "$logs/gpu-tests.log" | tail -1)
     skipped=$(grep -c '\*\*\*Skipped\|Not Run' "$logs/gpu-tests.log")
@@ -311,9 +434,8 @@ else
 fi
 
 # --- quickstart on the GPU ---------------------------------------------------------------------------------
-qs_reserve=45  # for the bench and offload phases after it (none in --quick, where it runs last)
+qs_reserve=75  # the first bench pair after it (in --quick, only if time is left)
 [ $quick -eq 1 ] && qs_reserve=0
-quickstart_phase() {
 if [ $build_rc -ne 0 ]; then
   record quickstart skip 0 "no build"
 elif [ "$(limit 75 "$qs_reserve")" -lt 30 ]; then
@@ -334,159 +456,151 @@ else
   record quickstart "$(status_of $ph_rc)" "$ph_s" \
     "configs/quickstart.yaml device=cuda nproc=$qs_nproc: final exact match ${acc:-?}, final loss ${loss:-?}"
 fi
-}
-[ $quick -eq 0 ] && quickstart_phase
 
-# --- bench: ptrain on the 1.2B GPT, then the table beside eager ----------------------------------------------
-ptrain_bench() {  # MODE VAR=VALUE LIMIT: one run of gpt_1b.yaml, its metrics in $bench_dir/ptrain_MODE
-  local mode=$1
-  shift
-  rm -rf "$bench_dir/ptrain_$mode"
-  run_phase "bench-$mode" "$2" "$logs/bench-$mode.log" env "$1" "$build/bin/ptrain" run tools/device/gpt_1b.yaml \
-    --nproc 1 --run-dir "$bench_dir/ptrain_$mode" launch.nproc=1 device=cuda
+# --- bench: ptrain beside eager, bf16 first ------------------------------------------------------------------
+# ptrain_run NAME LIMIT YAML STEPS ENV OVERRIDES...: one `ptrain run` on one GPU, its folder
+# $bench_dir/NAME; ENV is one VAR=VALUE for the process, or - for none.
+ptrain_run() {
+  local name=$1 lim=$2 yaml=$3 steps=$4 envs=()
+  [ "$5" != - ] && envs=("$5")
+  shift 5
+  rm -rf "${bench_dir:?}/$name"
+  run_phase "$name" "$lim" "$logs/$name.log" env "${envs[@]}" "$build/bin/ptrain" run "$yaml" \
+    --nproc 1 --run-dir "$bench_dir/$name" launch.nproc=1 train.steps="$steps" "$@"
+  outcome "$name" "$ph_rc" "$ph_s"
 }
-if [ $skip_bench -eq 1 ] || [ $quick -eq 1 ]; then
-  record bench skip 0 "--skip-bench or --quick"
-elif [ -z "$gpu_name" ]; then
-  record bench FAIL 0 "PyTorch sees no GPU"
-else
-  bench_status=ok
+# A group of rows (bench-bf16, -tf32, -fp32) is ok when each row that ran passed; in bench-bf16 a row
+# the budget left out is a TIMEOUT too (missing_counts=1), in the lower-priority groups it is not.
+group_status=ok group_note="" missing_counts=1 group_t0=$(date +%s)
+worse() {  # STATUS: the group's status becomes the worse of the two
+  case $1 in
+    ok) ;;
+    FAIL) group_status=FAIL ;;
+    TIMEOUT) [ "$group_status" = FAIL ] || group_status=TIMEOUT ;;
+    *) [ $missing_counts -eq 1 ] && worse TIMEOUT ;;  # not-run
+  esac
+}
+# bench_ptrain NAME MIN CAP RESERVE ENV OVERRIDES...: a ptrain row, if the budget leaves MIN.
+bench_ptrain() {
+  local name=$1 least=$2 cap=$3 reserve=$4 envv=$5 model
+  shift 5
+  model=${name##*-}
   if [ $build_rc -ne 0 ]; then
-    bench_note="ptrain: no build"
-    bench_status=FAIL
-  elif [ "$(limit 120 0)" -lt 45 ]; then
-    bench_note="ptrain: no time left"
-    bench_status=TIMEOUT
+    set_status FAIL 0 "no build" "$name"
+  elif [ "$(limit "$cap" "$reserve")" -lt "$least" ]; then
+    set_status not-run 0 "not run: no time left in the budget" "$name"
   else
-    # fp32: TF32 off in cuBLAS whatever the framework asks; tf32: on, whatever it asks.
-    ptrain_bench fp32 NVIDIA_TF32_OVERRIDE=0 "$(limit 120 0)"
-    bench_note="ptrain fp32 $(status_of $ph_rc) ${ph_s}s"
-    [ $ph_rc -eq 0 ] || bench_status=$(status_of $ph_rc)
-    if [ $ph_rc -eq 0 ] && [ "$(limit 120 0)" -ge 45 ]; then
-      ptrain_bench tf32 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 "$(limit 120 0)"
-      bench_note="$bench_note, tf32 $(status_of $ph_rc) ${ph_s}s"
+    ptrain_run "$name" "$(limit "$cap" "$reserve")" "${M_YAML[$model]}" $(( B_WARMUP + B_STEPS )) "$envv" "$@"
+  fi
+  worse "$(get_status "$name")"
+  group_note="$group_note, ${name#bench-*-} $(get_status "$name") $(get_seconds "$name")s"
+}
+# bench_eager NAME RESERVE [PTRAIN_ROW]: an eager row that did not run during the build, if the budget
+# leaves its minimum and PTRAIN_ROW (its pair) was not left out; its status counts in the group's,
+# except a torch.compile row's that the budget left out or timed out (its limit is the budget's
+# choice, not a fault).
+bench_eager() {
+  local name=$1 reserve=$2 partner=${3:-} cap least lim
+  if eager_wanted "$name" && [ -n "$partner" ] && [ "$(get_status "$partner")" = not-run ]; then
+    set_status not-run 0 "not run: its ptrain row did not fit" "$name"
+  elif eager_wanted "$name"; then
+    read -r cap least <<<"$(eager_caps "$name")"
+    lim=$(limit "$cap" "$reserve")
+    if [ "$lim" -ge "$least" ]; then
+      eager_run "$name" "$lim"
     else
-      bench_note="$bench_note, tf32 not run"
+      set_status not-run 0 "not run: ${lim}s left of the ${least}s it needs" "$name"
     fi
   fi
-  for m in fp32 tf32; do
-    if ! grep -q step_time_s "$bench_dir/eager_$m.json" 2>/dev/null; then
-      bench_note="$bench_note; eager $m failed"
-      bench_status=FAIL
-    fi
-  done
-  table=$("$python" - "$bench_dir" $B_LAYERS $B_HIDDEN $B_HEADS $B_SEQ $B_BATCH $B_VOCAB $B_WARMUP <<'EOF'
-import json, os, statistics, sys
-d = sys.argv[1]
-L, h, heads, s, b, V, warm = map(int, sys.argv[2:])
-# 12 L h^2 + V h, the usual count; exactly, with biases, LayerNorms and the position table:
-approx = 12 * L * h * h + V * h
-exact = L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h
-attn = 12 * L * h * s          # attention scores and values, forward and backward, per token
-PEAK = {"fp32": 67e12, "tf32": 494e12, "bf16": 989e12}  # H200 SXM, dense
-tokens = b * s
-print(f"\nbench: GPT L={L} h={h} heads={heads} seq={s} batch={b} vocab={V}: {tokens} tokens/step;")
-print(f"  params 12*L*h^2 + V*h = {approx:,} ({exact:,} with biases, LayerNorms, positions)")
-print(f"  model FLOPs/token 6N = {6 * exact / 1e9:.2f} GFLOP with N = {exact:,} (+ attention 12*L*h*s ="
-      f" {attn / 1e9:.2f} GFLOP)")
-print("  H200 dense peaks: fp32 67, tf32 494, bf16 989 TFLOP/s. MFU = 6 N tokens/s / the peak of the precision the")
-print("  run used (fp32 rows: 67, tf32 rows: 494); 'vs tf32': 6 N tokens/s / 494 for every row; '+attn': MFU with")
-print("  the attention FLOPs added. Both sides train in fp32 (weights, activations, AdamW); only the matmul differs.")
-print(f"  {'run':<14}{'matmul':<8}{'step s':>8}{'tok/s':>9}{'TFLOP/s':>9}{'MFU':>8}{'vs tf32':>9}{'+attn':>8}{'GPU GB':>8}")
-rows = []
-for who in ("ptrain", "eager"):
-    for m in ("fp32", "tf32"):
-        step, mem = None, None
-        if who == "eager":
-            try:
-                r = json.loads(open(os.path.join(d, f"eager_{m}.json")).read().strip().splitlines()[-1])
-                step, mem = r["step_time_s"], r.get("peak_gpu_mem_gb")
-            except Exception:
-                pass
-        else:
-            try:
-                t = [json.loads(l) for l in open(os.path.join(d, f"ptrain_{m}", "metrics.jsonl"))]
-                mem = max((x.get("peak_device_mb", 0) for x in t), default=0) / 1024 or None
-                t = [x["step_time_s"] for x in t if "step_time_s" in x and x["step"] > warm]
-                step = statistics.median(t) if t else None
-            except Exception:
-                pass
-        if step is None:
-            print(f"  {who:<14}{m:<8}{'no result':>8}")
-            continue
-        tps = tokens / step
-        fl = 6 * exact * tps
-        mfu = fl / PEAK[m]
-        print(f"  {who:<14}{m:<8}{step:>8.3f}{tps:>9.0f}{fl / 1e12:>9.1f}{100 * mfu:>7.1f}%"
-              f"{100 * fl / PEAK['tf32']:>8.1f}%{100 * (fl + attn * tps) / PEAK[m]:>7.1f}%"
-              + (f"{mem:>8.1f}" if mem is not None else f"{'-':>8}"))
-        rows.append((who, m, tps))
-r = {(w, m): t for w, m, t in rows}
-for m in ("fp32", "tf32"):
-    if ("ptrain", m) in r and ("eager", m) in r:
-        print(f"  ptrain/eager tokens/s, {m}: {r[('ptrain', m)] / r[('eager', m)]:.2f}x")
-print("  (median step time after the warm-up steps; ptrain's step ends when the loss is on the host, eager")
-print("  synchronizes the device around each step; eager ran while the build did, the build niced)")
-EOF
-)
+  local st
+  st=$(get_status "$name")
+  group_note="$group_note, ${name#bench-*-} $st $(get_seconds "$name")s"
+  case $name in
+    *-compiled-*) [ "$st" = FAIL ] && worse FAIL ;;
+    *) worse "$st" ;;
+  esac
+}
+bench_table() {
+  local table
+  table=$("$python" tools/device/bench_table.py bench "$bench_dir" "$gpu_name" "$B_WARMUP" \
+          "1b:gpt-1.2b=${M_SPEC[1b]}" "350m:gpt-350m=${M_SPEC[350m]}" 2>&1)
   while IFS= read -r line; do extra+=("$line"); done <<<"$table"
-  record bench "$bench_status" 0 "$bench_note"
+}
+
+if [ $skip_bench -eq 1 ]; then
+  record bench-bf16 skip 0 "--skip-bench"
+elif [ -z "$gpu_name" ]; then
+  record bench-bf16 FAIL 0 "PyTorch sees no GPU"
+else
+  # The 1.2B pair first (--quick's only pair), then torch.compile on it, then the 350M rows.
+  bench_ptrain bench-bf16-ptrain-1b 45 120 0 - device=cuda precision.name=bf16
+  bench_eager bench-bf16-eager-tuned-1b 0
+  if [ $quick -eq 0 ]; then
+    bench_eager bench-bf16-eager-compiled-1b 45
+    # A pair or nothing from here on: a ptrain row starts only if its tuned eager row (when still to
+    # run) can follow it.
+    pair=0
+    eager_wanted bench-bf16-eager-tuned-350m && pair=30
+    bench_ptrain bench-bf16-ptrain-350m 40 90 $pair - device=cuda precision.name=bf16
+    bench_eager bench-bf16-eager-tuned-350m 0 bench-bf16-ptrain-350m
+    bench_eager bench-bf16-eager-compiled-350m 0 bench-bf16-ptrain-350m
+  fi
+  bench_table_done=1
+  record bench-bf16 "$group_status" $(( $(date +%s) - group_t0 )) "${group_note#, }"
 fi
 
-# --- offload: the same GPT with its tensors at rest in pinned host memory ----------------------------------
-offload_run() {  # NAME LIMIT OVERRIDES...: 4 steps of gpt_1b.yaml, fp32, metrics in $bench_dir/offload_NAME
-  local name=$1 lim=$2
-  shift 2
-  rm -rf "$bench_dir/offload_$name"
-  run_phase "offload-$name" "$lim" "$logs/offload-$name.log" env NVIDIA_TF32_OVERRIDE=0 "$build/bin/ptrain" run \
-    tools/device/gpt_1b.yaml --nproc 1 --run-dir "$bench_dir/offload_$name" launch.nproc=1 device=cuda \
-    train.steps=4 "$@"
-}
-if [ $skip_bench -eq 1 ] || [ $build_rc -ne 0 ] || [ -z "$gpu_name" ]; then
-  record offload skip 0 "no build, no GPU or --skip-bench"
-elif [ "$(limit 110 0)" -lt 60 ]; then
-  record offload TIMEOUT 0 "no time left"
+# TF32 and fp32: lower priority, the 1.2B GPT only. device.tf32 is ptrain's own switch; the fp32 row
+# also sets NVIDIA_TF32_OVERRIDE=0, so that it is fp32 whatever libtorch defaults to.
+for prec in tf32 fp32; do
+  if [ $skip_bench -eq 1 ] || [ $quick -eq 1 ] || [ -z "$gpu_name" ]; then
+    record "bench-$prec" skip 0 "--skip-bench, --quick or no GPU"
+    continue
+  fi
+  group_status=ok group_note="" missing_counts=0 group_t0=$(date +%s)
+  pair=0
+  eager_wanted "bench-$prec-eager-plain-1b" && pair=30
+  if [ "$prec" = tf32 ]; then
+    bench_ptrain bench-tf32-ptrain-1b 45 90 $pair - device.type=cuda device.tf32=true
+  else
+    bench_ptrain bench-fp32-ptrain-1b 45 90 $pair NVIDIA_TF32_OVERRIDE=0 device.type=cuda device.tf32=false
+  fi
+  bench_eager "bench-$prec-eager-plain-1b" 0 "bench-$prec-ptrain-1b"
+  if [ "$(get_status "bench-$prec-ptrain-1b")" = not-run ] && [ "$(get_status "bench-$prec-eager-plain-1b")" = not-run ]; then
+    record "bench-$prec" skip 0 "no time left in the budget (lower priority)"
+  else
+    record "bench-$prec" "$group_status" $(( $(date +%s) - group_t0 )) "${group_note#, }"
+  fi
+done
+[ -n "${bench_table_done:-}" ] && bench_table
+
+# --- memory levers: the 1.2B GPT in bf16 with recomputation, offload, the distributed optimizer ---------
+if [ $skip_bench -eq 1 ] || [ $quick -eq 1 ] || [ $build_rc -ne 0 ] || [ -z "$gpu_name" ]; then
+  record levers skip 0 "no build, no GPU, --skip-bench or --quick"
+elif [ "$(limit 90 0)" -lt 45 ]; then
+  record levers skip 0 "no time left in the budget (lowest priority)"
 else
   # Recomputation first: without it autograd's saved views of each block's weights keep their device
-  # copies from forward to backward (docs/memory.md), so parameter offload saves little.
+  # copies from forward to backward (docs/memory.md), so parameter offload saves little. The
+  # distributed optimizer and offload exclude each other (offload moves the whole optimizer's tensors).
   all_three=(offload.params=true offload.grads=true offload.optimizer=true)
-  reserve=0
-  [ $quick -eq 1 ] && reserve=40  # the quickstart runs after
-  offload_status=ok offload_note=""
-  for spec in "recompute|model.recompute=full" "recompute_all|model.recompute=full ${all_three[*]}" \
-              "recompute_params|model.recompute=full offload.params=true" "all|${all_three[*]}"; do
+  levers_status=ok levers_note="" group_t0=$(date +%s)
+  for spec in "recompute|model.recompute=full" "recompute-offload|model.recompute=full ${all_three[*]}" \
+              "distributed|optimizer.distributed=true" "recompute-params|model.recompute=full offload.params=true" \
+              "offload|${all_three[*]}"; do
     IFS='|' read -r name overrides <<<"$spec"
-    if [ "$(limit 110 "$reserve")" -lt 45 ]; then offload_note="$offload_note, $name not run"; continue; fi
+    if [ "$(limit 90 0)" -lt 45 ]; then
+      set_status not-run 0 "not run: no time left in the budget" "levers-$name"
+      levers_note="$levers_note, $name not run"
+      continue
+    fi
     # shellcheck disable=SC2086  # the overrides are words
-    offload_run "$name" "$(limit 110 "$reserve")" $overrides
-    offload_note="$offload_note, $name $(status_of $ph_rc) ${ph_s}s"
-    [ $ph_rc -eq 0 ] || offload_status=$(status_of $ph_rc)
+    ptrain_run "levers-$name" "$(limit 90 0)" "${M_YAML[1b]}" "$LEVER_STEPS" - device=cuda precision.name=bf16 $overrides
+    levers_note="$levers_note, $name $(status_of $ph_rc) ${ph_s}s"
+    [ $ph_rc -eq 0 ] || levers_status=$(status_of $ph_rc)
   done
-  offload_note=${offload_note#, }
-  table=$("$python" - "$bench_dir" <<'EOF'
-import json, os, statistics, sys
-d = sys.argv[1]
-print("\noffload (pinned host tier), the bench's GPT in fp32: median step time after the first two steps and the")
-print("device's peak (libtorch's caching allocator); 'none' is the bench's fp32 run")
-print(f"  {'offload':<24}{'recompute':<11}{'step s':>8}{'peak GB':>9}")
-for name, rc, folder in (("none", "none", "ptrain_fp32"), ("none", "full", "offload_recompute"),
-                         ("params+grads+optimizer", "full", "offload_recompute_all"),
-                         ("params", "full", "offload_recompute_params"),
-                         ("params+grads+optimizer", "none", "offload_all")):
-    try:
-        rows = [json.loads(l) for l in open(os.path.join(d, folder, "metrics.jsonl"))]
-    except Exception:
-        print(f"  {name:<24}{rc:<11}{'no result':>8}")
-        continue
-    steps = [r["step_time_s"] for r in rows if "step_time_s" in r and r["step"] > 2]
-    peak = max((r.get("peak_device_mb", 0) for r in rows), default=0) / 1024
-    step = f"{statistics.median(steps):8.3f}" if steps else f"{'-':>8}"
-    print(f"  {name:<24}{rc:<11}{step}{peak:>9.1f}")
-EOF
-)
+  table=$("$python" tools/device/bench_table.py levers "$bench_dir" "$B_WARMUP" 2>&1)
   while IFS= read -r line; do extra+=("$line"); done <<<"$table"
-  record offload "$offload_status" 0 "$offload_note"
+  record levers "$levers_status" $(( $(date +%s) - group_t0 )) "${levers_note#, }"
 fi
 
-[ $quick -eq 1 ] && quickstart_phase
 finish

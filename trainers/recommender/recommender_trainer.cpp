@@ -144,15 +144,16 @@ plan::MemoryEstimate recsysStageMemory(const RecsysConfig& c, const plan::Layout
   const int64_t evalRows = (evalSize + l.dp - 1) / l.dp;
   const int64_t chunk = (std::min<int64_t>(kEvalChunk, evalRows) + l.tp - 1) / l.tp * l.tp;
   e.activations = training + perSample * 2 * static_cast<double>(chunk);
-  // The data plugin's buckets hold the dense gradients when dp > 1 and the
-  // experts' when their data-parallel group (edp) is (the tables' rows travel
-  // on their own, row-sparse).
+  // The gradient buffer's buckets hold the dense gradients when dp > 1 and
+  // the experts' when their data-parallel group (edp) is (the tables' rows
+  // travel on their own, row-sparse); the gradients are views of it, so it
+  // takes memory of its own only when offload keeps them elsewhere.
   const double experts = static_cast<double>(c.expertBlockParameters(true)) / static_cast<double>(std::max<int64_t>(1, l.ep));
   const int64_t edp = l.tp * l.cp * l.dp / std::max<int64_t>(1, l.etp * l.ep);
   const bool holdsExperts = c.num_experts > 0 && stage == expertStage;
   double reduced = l.dp > 1 ? dense - (holdsExperts ? experts : 0) : 0;
   if (holdsExperts && edp > 1) reduced += experts;
-  e.buffers = l.distributed_optimizer ? 0 : std::max(0.0, reduced) * 4;
+  e.buffers = l.offload_grads || l.offload_params ? std::max(0.0, reduced) * 4 : 0;
   return e;
 }
 

@@ -116,7 +116,7 @@ double hostMemoryBytes() {
 
 std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecipe& prepared) {
   const Recipe& recipe = prepared.recipe;
-  if (recipe.getString("device") == "cuda") return "";
+  if (recipe.getString("device.type") == "cuda") return "";
   const double have = hostMemoryBytes();
   if (have <= 0) return "";
   double need = 0;

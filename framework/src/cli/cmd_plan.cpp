@@ -376,7 +376,7 @@ std::vector<std::string> autoLayoutOverrides(const std::string& path, const std:
                                                              "parallel");
 
   plan::DeviceSpec device;
-  const std::string requested = recipe.getString("device");
+  const std::string requested = recipe.getString("device.type");
   if (requested == "cuda" || (requested == "auto" && cudaDeviceCount() > 0)) {
     const std::string gpu = cudaDeviceName(0);
     const plan::DeviceSpec* preset = presetOfGpu(gpu, cudaDeviceMemoryGib(0));

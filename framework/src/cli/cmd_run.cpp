@@ -114,7 +114,7 @@ int runWorker(const RunArgs& args) {
   options.resume = args.resume;
   // MFU's denominator on a GPU: the plan's table's peak of this card in the
   // run's precision.
-  if (prepared.recipe.getString("device") != "cpu" && cudaDeviceCount() > env.local_rank) {
+  if (prepared.recipe.getString("device.type") != "cpu" && cudaDeviceCount() > env.local_rank) {
     if (const plan::DeviceSpec* card =
             plan::presetForCudaDevice(cudaDeviceName(env.local_rank), cudaDeviceMemoryGib(env.local_rank))) {
       const std::string precision = prepared.recipe.getString("precision.name");

@@ -170,7 +170,17 @@ struct TrainingSession::Metrics {
 TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, EngineOptions options)
     : prepared_(prepared), env_(env), options_(std::move(options)) {
   const Recipe& recipe = prepared_.recipe;
-  device_ = selectDevice(recipe.getString("device"), env.local_rank);
+  device_ = selectDevice(recipe.getString("device.type"), env.local_rank);
+  // TF32 for float32 matrix products: libtorch's process-wide switch, read by
+  // cuBLAS and cuDNN calls (the host never uses it, so it is refused there).
+  const bool tf32 = recipe.getBool("device.tf32");
+  PTRAIN_CHECK_AS(ConfigError, !tf32 || device_.is_cuda(), "device.tf32: true, but this run computes on the ",
+                  device_.str(), " (device.type: ", recipe.getString("device.type"),
+                  "); TF32 is a format of CUDA tensor cores: remove device.tf32 or run on a GPU");
+  if (device_.is_cuda()) {
+    at::globalContext().setAllowTF32CuBLAS(tf32);
+    at::globalContext().setAllowTF32CuDNN(tf32);
+  }
   PluginContext ctx;
   ctx.logger = logger();
   ctx.recipe = &recipe;
@@ -190,7 +200,9 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
   commOptions.backend = recipe.getString("communication.backend");
   if (commOptions.backend == "auto") commOptions.backend = defaultCommBackend(device_);
   if (env.rank == 0 && device_.is_cuda()) {
-    logger()->info("device: cuda (each worker on the GPU of its local rank), communication: {}", commOptions.backend);
+    logger()->info("device: cuda (each worker on the GPU of its local rank), communication: {}, float32 matrix "
+                   "products: {}",
+                   commOptions.backend, tf32 ? "tf32 on (device.tf32)" : "full float32 (device.tf32: false)");
   }
   commOptions.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));

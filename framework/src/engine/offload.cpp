@@ -48,7 +48,7 @@ fs::path existingAncestor(fs::path p) {
 
 // Where the model computes decides the tier.
 bool computesOnCuda(const Recipe& recipe) {
-  const std::string device = recipe.getString("device");
+  const std::string device = recipe.getString("device.type");
   return device == "cuda" || (device == "auto" && cudaDeviceCount() > 0);
 }
 

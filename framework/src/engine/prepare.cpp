@@ -141,6 +141,12 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   for (auto& p : checkCommBackend(out.recipe, *out.registry)) problems.push_back(std::move(p));
   for (auto& p : checkStopSignals(out.recipe)) problems.push_back(std::move(p));
   for (auto& p : checkProfileSteps(out.recipe)) problems.push_back(std::move(p));
+  if (out.recipe.getBool("device.tf32") && out.recipe.getString("device.type") == "cpu") {
+    // The run refuses it too where `auto` finds no GPU (TrainingSession).
+    problems.push_back(out.recipe.location("device.tf32").str() +
+                       ": device.tf32: true, but device.type is cpu; TF32 is a format of CUDA tensor cores: remove "
+                       "device.tf32 or set device: cuda");
+  }
   {
     // The sizes alone before the trainer sets up (its setup may rely on a
     // layout that splits the world); the model's shape after.

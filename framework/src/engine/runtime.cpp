@@ -246,8 +246,12 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
       const int64_t bucketBytes =
           options_.recipe ? static_cast<int64_t>(options_.recipe->getFloat("parallel.grad_bucket_size_mb") * (1 << 20))
                           : int64_t{16} << 20;
+      const bool overlap = options_.recipe ? options_.recipe->getBool("parallel.overlap_grad_reduce") : true;
+      // Offloaded gradients rest in the offload tier, not in the buffer.
+      const bool gradientViews = !options_.offload.grads && !options_.offload.params;
       distributed_ = std::make_shared<DistributedOptimizer>(model_->localParameters(), optimizerOptions,
-                                                            model_->placement, *groups_, bucketBytes);
+                                                            model_->placement, *groups_, bucketBytes, overlap,
+                                                            gradientViews);
       optimizer_ = &distributed_->local();
       countedInNorm_ = distributed_->countedInNorm();
       // Right after the precision plugin: its finishGradients (hooks unwind
@@ -465,10 +469,17 @@ int64_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * static_c
 void ModelRuntime::reportMemory(StepResult& result, int64_t activationBytes) {
   int64_t params = 0, grads = 0, states = 0;
   for (const auto& [name, p] : model_->localParameters()) params += bytesOf(p);
-  for (const auto& [name, p] : model_->localParameters()) grads += bytesOf(p.grad());
+  // The distributed optimizer's reduced ranges are views of the gradient
+  // buffer (engine/gradient_buffer.h); they add bytes only where the
+  // parameters' gradients are not views of it too (offloaded gradients).
+  std::set<const void*> storages;
+  for (const auto& [name, p] : model_->localParameters()) {
+    grads += bytesOf(p.grad());
+    if (p.grad().defined()) storages.insert(p.grad().storage().data());
+  }
   if (distributed_) {
-    // The reduced ranges beside the model's own gradients.
-    for (const auto& p : optimizer_->parameters()) grads += bytesOf(p.grad());
+    for (const auto& p : optimizer_->parameters())
+      if (p.grad().defined() && storages.count(p.grad().storage().data()) == 0) grads += bytesOf(p.grad());
     states = distributed_->stateBytes();
   } else {
     for (const auto& [name, t] : optimizer_->state()) states += bytesOf(t);

@@ -149,10 +149,11 @@ MemoryEstimate estimateMemory(const ModelShape& m, const Layout& l, const Device
   const double slots = l.optimizer == "adamw" ? 2 : (l.sgd_momentum ? 1 : 0);
   const double masters = halfPrecision(l) ? 1 : 0;
   if (l.distributed_optimizer) {
-    // The rank's ranges: slots and float32 copies (for every dtype), and
-    // the reduced gradients.
-    e.optimizer = n * 4 * (slots + 1) / static_cast<double>(l.dp);
-    e.grads += n * 4 / static_cast<double>(l.dp);
+    // The rank's ranges: slots, and float32 masters for 16-bit parameters
+    // (float32 parameters are their own masters). The reduced gradients are
+    // the rank's range of the gradient buffer, which the gradients are views
+    // of.
+    e.optimizer = n * 4 * (slots + masters) / static_cast<double>(l.dp);
   } else {
     e.optimizer = n * 4 * (slots + masters);
   }
@@ -192,8 +193,11 @@ MemoryEstimate estimateMemory(const ModelShape& m, const Layout& l, const Device
     e.activations += 2 * 4.0 * static_cast<double>(m.seq) * static_cast<double>(l.micro_batch) *
                      static_cast<double>(m.vocab) / static_cast<double>(l.tp);
   }
-  // The data plugin keeps one buffer per gradient bucket.
-  e.buffers = (l.dp > 1 && !l.distributed_optimizer) ? n * 4 : 0;
+  // The gradient buffer (the data plugin's, or the distributed optimizer's):
+  // the gradients are views of it, unless offload keeps them elsewhere; then
+  // it is a float32 copy of them.
+  const bool buffered = l.dp > 1 || l.distributed_optimizer;
+  e.buffers = buffered && (l.offload_grads || l.offload_params) ? n * 4 : 0;
   e.reserved = device.reserved_gib * kGiB;
   return e;
 }
@@ -262,10 +266,12 @@ TimeEstimate estimateStepTime(const ModelShape& m, const Layout& l, const Device
     const double gradBytes = static_cast<double>(parametersOnRank(m, l, 0)) * 4;
     const double wire = 2 * (d - 1) / d * gradBytes / gbps(l.world());
     // Overlapped buckets hide behind the last micro-batch's backward (two
-    // thirds of its compute); the distributed optimizer's reduce-scatter and
-    // all-gather run after backward.
-    const double hidden = l.overlap_grad_reduce && !l.distributed_optimizer ? 2.0 / 3.0 * e.compute / microBatches : 0;
-    e.dp_comm = std::max(wire - hidden, wire * 0.1);
+    // thirds of its compute): the data plugin's all-reduce, or the
+    // distributed optimizer's reduce-scatter (half the wire); its all-gather
+    // runs after the optimizer step.
+    const double hidden = l.overlap_grad_reduce ? 2.0 / 3.0 * e.compute / microBatches : 0;
+    const double reduced = l.distributed_optimizer ? wire / 2 : wire;
+    e.dp_comm = std::max(reduced - hidden, reduced * 0.1) + (wire - reduced);
   }
   {
     // Counts on the rank of the first stage (the last adds the head's).

@@ -18,10 +18,13 @@ void describeCoreKeys(Schema& s) {
 
   s.add(key("name", T::kString, "", "Run name, used for the run folder; defaults to the recipe file name without extension."));
 
-  s.add(oneOf(key("device", T::kString, "auto",
+  s.add(oneOf(key("device.type", T::kString, "auto",
                   "Device the workers compute on: `cuda` (each worker takes the GPU of its local rank), `cpu`, or "
-                  "`auto` (cuda when a GPU is visible)."),
+                  "`auto` (cuda when a GPU is visible). `device: cuda` is short for `device.type: cuda`."),
               {"auto", "cpu", "cuda"}));
+  s.add(key("device.tf32", T::kBool, "false",
+            "On cuda: float32 matrix products and convolutions on TF32 tensor cores (10-bit mantissa inputs, "
+            "float32 sums; about 7x the float32 rate on A100/H100). Off: full float32. Refused on the cpu."));
 
   s.add(atLeast(key("launch.nproc", T::kInt, "1", "Worker processes on this host when `--nproc` is not given."), 1));
 
@@ -77,8 +80,8 @@ void describeCoreKeys(Schema& s) {
               {"1f1b", "interleaved", "gpipe"}));
   s.add(atLeast(key("parallel.pipeline_layout", T::kIntList, "", "Blocks per pipeline stage (pp * vpp entries summing to num_layers); not set: runs of equal parameter count, the even split for identical blocks."), 0));
   s.add(above(key("parallel.data_parallel_shares", T::kFloatList, "", "Each data-parallel rank's weight in the split of the global batch (rank i takes global_batch_size * share_i / sum rows, whole micro-batches), for ranks of unequal speed; not set: an even split."), 0));
-  s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buckets reduced together by data parallelism."), 0));
-  s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce gradient buckets while the backward pass goes on."));
+  s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buffer's buckets, each reduced over the data-parallel group in one collective (an all-reduce, or the distributed optimizer's reduce-scatter)."), 0));
+  s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce each gradient bucket as soon as backward has produced it, while backward goes on (the data plugin's all-reduce and the distributed optimizer's reduce-scatter alike); false: all after backward. The results are the same bit for bit."));
 
   s.add(key("communication.backend", T::kString, "auto", "Comm plugin for collectives: `auto` picks `nccl` on cuda and `gloo` on cpu; or a plugin's name."));
   s.add(above(key("communication.timeout_s", T::kFloat, "300", "Seconds before a collective or the rendezvous is declared hung."), 0));

@@ -141,8 +141,11 @@ class Flattener {
     }
   }
 
-  void value(const YAML::Node& v, const std::string& path, const std::string& file, const SourceLocation& keyLoc,
+  void value(const YAML::Node& v, const std::string& key, const std::string& file, const SourceLocation& keyLoc,
              const SourceLocation& valueLoc, std::map<std::string, SourceLocation>& seen) {
+    // `device: cuda` is short for `device.type: cuda` (the device section
+    // also holds device.tf32), in files and overrides alike.
+    const std::string path = key == "device" && v.IsScalar() ? "device.type" : key;
     const int depth = static_cast<int>(std::count(path.begin(), path.end(), '.')) + 1;
     if (v.IsMap()) {
       budget_->visit(v, depth, file, path);

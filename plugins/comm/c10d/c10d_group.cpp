@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "ptrain/comm/watchdog.h"
 #include "ptrain/core/phase_timer.h"
 #include "store_adapter.h"
 
@@ -56,7 +57,6 @@ c10d::ReduceOp toC10d(ReduceOp op, const BackendTraits& traits) {
   return c10d::ReduceOp::SUM;
 }
 
-std::chrono::milliseconds c10dTimeout(Timeout t) { return t.count() > 0 ? t : c10d::kUnsetTimeout; }
 
 // Integer averages truncate toward zero, as NCCL's ncclAvg does.
 void divideInPlace(at::Tensor& t, int64_t n) {
@@ -68,6 +68,25 @@ void divideInPlace(at::Tensor& t, int64_t n) {
 }
 
 }  // namespace
+
+void GroupState::fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (failure_.empty()) failure_ = message;
+  }
+  broken = true;
+}
+
+std::string GroupState::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+std::chrono::milliseconds GroupState::c10dTimeout(Timeout t) const {
+  if (!traits->stream_ordered) return t.count() > 0 ? t : c10d::kUnsetTimeout;
+  const Timeout mine = t.count() > 0 ? t : timeout;
+  return mine * 2 + std::chrono::seconds(10);
+}
 
 std::string GroupState::where(const char* op) const {
   return detail::concat(op, " on group ", label, " (rank ", rank, " of ", size, ")");
@@ -118,8 +137,21 @@ C10dWork::~C10dWork() = default;
 void C10dWork::wait(Timeout timeout) {
   ProfileRange range("wait", group_->name);
   const Timeout limit = timeout.count() > 0 ? timeout : (timeout_.count() > 0 ? timeout_ : group_->timeout);
-  if (work_ && group_->traits->bounded_wait) waitBounded(limit);
-  if (work_) {
+  if (work_ && group_->traits->stream_ordered) {
+    // The watchdog found this group stuck: its TimeoutError, not c10d's
+    // report of the aborted communicator.
+    const std::string failure = group_->failure();
+    if (!failure.empty()) throw TimeoutError(failure);
+    try {
+      // No timeout: c10d then orders the current stream after the
+      // collective's and returns; the host goes on queueing work.
+      work_->wait();
+    } catch (...) {
+      const std::string late = group_->failure();
+      if (!late.empty()) throw TimeoutError(late);
+      group_->rethrow(op_, limit);
+    }
+  } else if (work_) {
     // c10d's Work is thread-safe and remembers its outcome, so waiting again
     // after a failure rethrows the same error.
     try {
@@ -130,35 +162,6 @@ void C10dWork::wait(Timeout timeout) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   finishLocked();
-}
-
-void C10dWork::waitBounded(Timeout limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  auto pause = std::chrono::microseconds(20);
-  while (true) {
-    try {
-      if (work_->isCompleted()) return;
-    } catch (...) {
-      group_->rethrow(op_, limit);
-    }
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
-  }
-  // The communicator is aborted so that the stuck kernel ends and the group
-  // cannot be used half-way; the caller gets the reason, not a hang.
-  group_->broken = true;
-  if (group_->abort) {
-    try {
-      group_->abort();
-    } catch (...) {
-      // Aborting a broken communicator may itself fail; the timeout is the news.
-    }
-  }
-  throw TimeoutError(detail::concat(group_->where(op_), " timed out after ", formatSeconds(limit),
-                                    limit == group_->timeout ? " (communication.timeout_s)" : " (the operation's timeout)",
-                                    ": a peer is missing or stuck; the ", group_->traits->name,
-                                    " communicator was aborted"));
 }
 
 bool C10dWork::isCompleted() {
@@ -282,6 +285,10 @@ bool C10dProcessGroup::supports(Capability capability) const {
 }
 
 void C10dProcessGroup::checkUsable(const char* op) const {
+  if (state_->broken) {
+    const std::string failure = state_->failure();
+    if (!failure.empty()) throw TimeoutError(failure);
+  }
   PTRAIN_CHECK_AS(CommError, !state_->broken, state_->where(op),
                   ": the group is unusable after an earlier timeout or a lost peer (", state_->traits->name,
                   " closes the group's connections then); see the first error");
@@ -297,6 +304,23 @@ std::shared_ptr<Work> C10dProcessGroup::issue(const char* op, Timeout timeout,
     work = call();
   } catch (...) {
     state_->rethrow(op, timeout.count() > 0 ? timeout : state_->timeout);
+  }
+  if (work && state_->traits->stream_ordered) {
+    const Timeout limit = timeout.count() > 0 ? timeout : state_->timeout;
+    std::weak_ptr<GroupState> weak = state_;
+    Watchdog::instance().watch(
+        [work] { return work->isCompleted(); },
+        [weak, op, limit] {
+          auto state = weak.lock();
+          if (!state) return;
+          // Recorded before the abort, so whoever the abort wakes finds the reason.
+          state->fail(detail::concat(state->where(op), " timed out after ", formatSeconds(limit),
+                                     limit == state->timeout ? " (communication.timeout_s)" : " (the operation's timeout)",
+                                     ": a peer is missing or stuck; the ", state->traits->name,
+                                     " communicator was aborted"));
+          if (state->abort) state->abort();
+        },
+        Watchdog::Clock::now() + limit);
   }
   return std::make_shared<C10dWork>(state_, op, std::move(work), timeout, std::move(finish));
 }
@@ -330,7 +354,7 @@ std::shared_ptr<Work> C10dProcessGroup::allreduce(at::Tensor& tensor, const Allr
       [&] {
         c10d::AllreduceOptions o;
         o.reduceOp = toC10d(opts.op, *state_->traits);
-        o.timeout = c10dTimeout(opts.timeout);
+        o.timeout = state_->c10dTimeout(opts.timeout);
         std::vector<at::Tensor> tensors{reduced};
         return pg_->allreduce(tensors, o);
       },
@@ -354,7 +378,7 @@ std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::
     for (int i = 0; i < state_->size; ++i) outputs[0].push_back(flat.narrow(0, i * n, n).view(input.sizes()));
     std::vector<at::Tensor> inputs{movable(*state_, input)};
     c10d::AllgatherOptions o;
-    o.timeout = c10dTimeout(timeout);
+    o.timeout = state_->c10dTimeout(timeout);
     return pg_->allgather(outputs, inputs, o);
   });
 }
@@ -382,7 +406,7 @@ std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const 
       at::Tensor in = input.view({-1});
       c10d::ReduceScatterOptions o;
       o.reduceOp = toC10d(opts.op, *state_->traits);
-      o.timeout = c10dTimeout(opts.timeout);
+      o.timeout = state_->c10dTimeout(opts.timeout);
       return pg_->_reduce_scatter_base(out, in, o);
     });
   }
@@ -412,7 +436,7 @@ std::shared_ptr<Work> C10dProcessGroup::reduceScatter(at::Tensor& output, const 
         at::Tensor into = movable(*state_, received);
         std::vector<int64_t> equal;  // empty: equal splits
         c10d::AllToAllOptions o;
-        o.timeout = c10dTimeout(opts.timeout);
+        o.timeout = state_->c10dTimeout(opts.timeout);
         return pg_->alltoall_base(into, in, equal, equal, o);
       },
       std::move(finish));
@@ -428,7 +452,7 @@ std::shared_ptr<Work> C10dProcessGroup::broadcast(at::Tensor& tensor, const Broa
     c10d::BroadcastOptions o;
     o.rootRank = opts.root;
     o.rootTensor = 0;
-    o.timeout = c10dTimeout(opts.timeout);
+    o.timeout = state_->c10dTimeout(opts.timeout);
     std::vector<at::Tensor> tensors{movable(*state_, tensor)};
     return pg_->broadcast(tensors, o);
   });
@@ -457,7 +481,7 @@ std::shared_ptr<Work> C10dProcessGroup::allToAll(at::Tensor& output, const at::T
     std::vector<int64_t> outCounts = opts.output_split_sizes;
     std::vector<int64_t> inCounts = opts.input_split_sizes;
     c10d::AllToAllOptions o;
-    o.timeout = c10dTimeout(opts.timeout);
+    o.timeout = state_->c10dTimeout(opts.timeout);
     return pg_->alltoall_base(out, in, outCounts, inCounts, o);
   });
 }
@@ -489,7 +513,7 @@ std::shared_ptr<Work> C10dProcessGroup::recv(at::Tensor& tensor, int peer, const
 std::shared_ptr<Work> C10dProcessGroup::barrier(const BarrierOptions& opts) {
   return issue("barrier", opts.timeout, [&] {
     c10d::BarrierOptions o;
-    o.timeout = c10dTimeout(opts.timeout);
+    o.timeout = state_->c10dTimeout(opts.timeout);
     return pg_->barrier(o);
   });
 }

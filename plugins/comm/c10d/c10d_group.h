@@ -35,9 +35,12 @@ struct BackendTraits {
   bool native_reduce_scatter;      // c10d's _reduce_scatter_base; else all-to-all + local reduction
   // Complete zero-element collectives locally: Gloo 1.13 hangs on some.
   bool skip_empty;
-  // Wait by polling completion against the deadline, then abort the group:
-  // a hung NCCL kernel never fails c10d's own wait.
-  bool bounded_wait;
+  // wait() orders the caller's current stream after the operation and
+  // returns without blocking the host (NCCL: the collective runs on its own
+  // stream); the process's Watchdog (comm/watchdog.h) enforces the timeout,
+  // aborting the communicator. Otherwise wait() blocks until the operation
+  // completes or times out (Gloo).
+  bool stream_ordered;
 };
 
 // "1.5 s"
@@ -63,12 +66,24 @@ struct GroupState {
   // Aborts the backend's communicator (NCCL); empty where closing is the
   // backend's own business (Gloo).
   std::function<void()> abort;
+  // The TimeoutError of an operation the watchdog found stuck: every later
+  // operation and wait on the group raises it.
+  void fail(const std::string& message);
+  std::string failure() const;
+  // The timeout c10d itself is given for an operation whose ptrain timeout is
+  // `t` (the group's when 0): a stream-ordered group leaves the deadline to
+  // the watchdog, so c10d's own (which would report it differently) comes later.
+  std::chrono::milliseconds c10dTimeout(Timeout t) const;
 
   // "allreduce on group tp0[0,1] (rank 1 of 2)"
   std::string where(const char* op) const;
   // Rethrows the current exception as CommError / TimeoutError naming op,
   // group and rank. `waited` is the timeout that applied.
   [[noreturn]] void rethrow(const char* op, Timeout waited) const;
+
+ private:
+  mutable std::mutex failure_mutex_;
+  std::string failure_;
 };
 
 // The handle of one operation: waits on c10d's Work, then runs `finish` (the
@@ -84,8 +99,6 @@ class C10dWork final : public Work {
 
  private:
   void finishLocked();
-  // BackendTraits::bounded_wait: polls until done or `limit`, then aborts.
-  void waitBounded(Timeout limit);
 
   std::shared_ptr<GroupState> group_;
   const char* op_;
@@ -120,7 +133,8 @@ class C10dProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> barrier(const BarrierOptions& opts) override;
 
  private:
-  // Issues one c10d call, turning errors raised at issue time into ptrain's.
+  // Issues one c10d call, turning errors raised at issue time into ptrain's;
+  // on a stream-ordered group the watchdog watches it from then on.
   std::shared_ptr<Work> issue(const char* op, Timeout timeout,
                               const std::function<c10::intrusive_ptr<c10d::Work>()>& call,
                               std::function<void()> finish = nullptr);

@@ -58,7 +58,7 @@ constexpr BackendTraits kGloo{
     /*native_avg=*/false,
     /*native_reduce_scatter=*/false,
     /*skip_empty=*/true,
-    /*bounded_wait=*/false,
+    /*stream_ordered=*/false,
 };
 
 class GlooBackend final : public C10dCommBackend {

@@ -4,11 +4,16 @@
 //
 // Each group is one c10d::ProcessGroupNCCL that rendezvous through the core's
 // store under "nccl/<group name>/<generation>". Collectives run on NCCL's own
-// streams; waiting on a Work polls its completion up to the group's timeout
-// (communication.timeout_s) and, past it, aborts the communicator and raises
-// TimeoutError naming the operation, group and rank. c10d's watchdog would
-// instead end the process, so its error handling is left to ptrain unless
-// the user set TORCH_NCCL_ASYNC_ERROR_HANDLING.
+// streams, and waiting on a Work is stream-ordered: the caller's current
+// stream waits for the collective's, the host does not, so it goes on queueing
+// kernels (a bucket's all-reduce overlaps the rest of backward). The timeout
+// (communication.timeout_s, or the operation's) is kept by ptrain's Watchdog
+// (comm/watchdog.h): an operation still running at its deadline gets the
+// communicator aborted (the stuck kernel ends, the stream goes on) and the
+// group raises TimeoutError naming the operation, group and rank at its next
+// operation or wait. c10d's own watchdog would instead end the process, so
+// its error handling is left to ptrain unless the user set
+// TORCH_NCCL_ASYNC_ERROR_HANDLING, and its timeouts come later than ptrain's.
 //
 // NCCL settings from the recipe (communication.nccl) are in the environment
 // before this plugin is created; NCCL reads them when a communicator starts.
@@ -49,7 +54,7 @@ constexpr BackendTraits kNccl{
     /*native_avg=*/true,
     /*native_reduce_scatter=*/true,
     /*skip_empty=*/false,
-    /*bounded_wait=*/true,
+    /*stream_ordered=*/true,
 };
 
 class NcclBackend final : public C10dCommBackend {
@@ -58,8 +63,8 @@ class NcclBackend final : public C10dCommBackend {
     PTRAIN_CHECK_AS(ConfigError, device_.is_cuda(), "communication.backend: nccl moves CUDA tensors, but this run's ",
                     "device is ", device_.str(), "; set device: cuda (or auto on a machine with GPUs), or ",
                     "communication.backend: gloo");
-    // 0: c10d's watchdog reports but does not end the process; the bounded
-    // waits above abort the communicator and raise instead.
+    // 0: c10d's watchdog reports but does not end the process; ptrain's
+    // watchdog aborts the communicator and the group raises instead.
     setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", /*overwrite=*/0);
   }
 
@@ -67,7 +72,7 @@ class NcclBackend final : public C10dCommBackend {
   c10::intrusive_ptr<compat::C10dBackend> makeBackend(const c10::intrusive_ptr<StoreAdapter>& store,
                                                       GroupState& state) override {
     auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = state.timeout;
+    options->timeout = state.c10dTimeout(state.timeout);
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, state.rank, state.size, options);
     state.abort = [pg] { pg->abort(); };
     return pg;

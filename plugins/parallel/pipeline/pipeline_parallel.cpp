@@ -128,10 +128,15 @@ class PipelineParallel final : public ParallelPlugin {
       const bool isShared = std::find(shared.begin(), shared.end(), name) != shared.end();
       if (startsWithAny(name, local)) {
         placement.stage = link_->rank();
-        if (isShared) tied_.push_back(param);
+        if (isShared) {
+          // Each end computes part of its gradient: finishGradients sums them.
+          placement.partial_gradient = true;
+          tied_.push_back(param);
+        }
       } else if (isShared && link_->isLastStage()) {
         placement.stage = 0;  // the embedding's owner
         placement.mirror = true;
+        placement.partial_gradient = true;
         tied_.push_back(param);
       } else {
         // Built here but another stage's (e.g. the positions of an embedding

@@ -2,26 +2,39 @@
 // over each parameter's data-parallel group (optimizer.distributed; ZeRO
 // stage 1, Megatron-LM's distributed optimizer).
 //
-// Layout. The trained parameters are laid end to end, per gradient-reduce
-// group (Placement::gradientReduceGroup: dp for dense parameters, edp for
-// experts), in buckets of about `bucket_bytes` of float32; each bucket is
-// padded to a multiple of the group's size and member r owns the r-th equal
-// range of every bucket. A parameter's "piece" on a rank is the part of it
-// that falls in the rank's range (possibly none).
+// Layout. The gradients live in a GradientBuffer in reduce-scatter mode
+// (engine/gradient_buffer.h): the trained parameters laid end to end, per
+// gradient-reduce group (Placement::gradientReduceGroup: dp for dense
+// parameters, edp for experts), in registration order, in float32 buckets of
+// about `bucket_bytes`; each bucket is padded to a multiple of the group's
+// size and member r owns the r-th equal range of every bucket. A parameter's
+// "piece" on a rank is the part of it that falls in the rank's range
+// (possibly none).
 //
 // A step, as hooks of the runtime (engine/hooks.h):
-//   finishGradients   each bucket's gradients are flattened (float32) and
-//                     reduce-scattered over the group: a rank receives the
-//                     sums of its own range only. This replaces the data
-//                     plugin's all-reduce, which the runtime does not load.
-//   optimizer step    local() updates the pieces: float32 copies of the
-//                     rank's ranges (the master weights, for every dtype),
+//   backward          each bucket is reduce-scattered over its group as soon
+//                     as backward has produced all its gradients (with
+//                     parallel.overlap_grad_reduce), in place: a rank's range
+//                     of the buffer receives the sums of its range. Buckets
+//                     with a gradient another plugin completes (sequence
+//                     parallelism, tied embeddings) wait for finishGradients.
+//                     This replaces the data plugin's all-reduce, which the
+//                     runtime does not load.
+//   finishGradients   launches what is left, after every other plugin's
+//                     finishGradients, and waits.
+//   optimizer step    local() updates the pieces: the rank's ranges in
+//                     float32 (the master weights: for float32 parameters
+//                     their own range of the bucket's parameter tensor, for
+//                     16-bit ones float32 copies),
 //                     with moments of the pieces' size. The arithmetic is
 //                     the non-sharded optimizer's, element by element.
-//   afterStep         when the step was applied, each bucket's updated range
-//                     is all-gathered and written back into the parameters
-//                     (rounded to their dtype); the parameters' gradients are
-//                     zeroed.
+//                     As soon as the last piece of a bucket's range is
+//                     updated, the range is rounded to the parameters' dtype
+//                     and all-gathered straight into them (a bucket's
+//                     parameters are views of one contiguous tensor), while
+//                     the optimizer goes on with the next ranges.
+//   afterStep         waits for the all-gathers (when the step was applied);
+//                     the gradients are zeroed.
 // Per rank the optimizer state and masters take 1/dp of the non-sharded
 // optimizer's; the communication per step is a reduce-scatter plus an
 // all-gather, the bytes of one all-reduce.
@@ -45,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "ptrain/engine/gradient_buffer.h"
 #include "ptrain/engine/hooks.h"
 #include "ptrain/engine/optimizer.h"
 
@@ -53,14 +67,20 @@ namespace ptrain {
 class LayoutGroups;
 class Placement;
 class ProcessGroup;
+class Work;
 
 class PTRAIN_API DistributedOptimizer final : public StepHooks {
  public:
   // `named`: this rank's parameters (StagedModel::localParameters(); those
   // without requires_grad are left out), placed by `placement`. `options` as
   // for makeOptimizer; its master_weights is implied (every piece is float32).
+  // `overlap`: reduce-scatter buckets during backward
+  // (parallel.overlap_grad_reduce); `gradientViews`: the parameters'
+  // gradients become views of the buffer (off when an offload plugin keeps
+  // them elsewhere).
   DistributedOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named, const OptimizerOptions& options,
-                       const Placement& placement, const LayoutGroups& groups, int64_t bucketBytes = 16 << 20);
+                       const Placement& placement, const LayoutGroups& groups, int64_t bucketBytes = 16 << 20,
+                       bool overlap = true, bool gradientViews = true);
   ~DistributedOptimizer() override;
 
   // The optimizer over this rank's pieces (weight decay grouped as
@@ -71,6 +91,7 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   // along, data-parallel axes excepted).
   const std::vector<bool>& countedInNorm() const { return counted_; }
 
+  void beforeBackward(int index, int count) override;
   void finishGradients() override;
   void afterStep(const StepResult& result) override;
   std::map<std::string, double> stepStats() const override;
@@ -96,26 +117,35 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   int64_t stateBytes() const;
 
  private:
-  struct Member {         // one parameter in a bucket
+  struct Member {         // one parameter of a bucket
     std::string name;
     at::Tensor param;
     int64_t offset = 0;   // in the bucket
     int64_t piece_begin = 0, piece_end = 0;  // the rank's part, in bucket offsets (empty when equal)
     int piece = -1;       // index into local().parameters(), or -1
   };
-  struct Bucket {
-    std::shared_ptr<ProcessGroup> group;
+  struct Range {          // this rank's range of one bucket
+    GradientBuffer::Bucket* bucket = nullptr;
     std::vector<Member> members;
-    int64_t padded = 0;   // elements, a multiple of the group's size
-    int64_t shard = 0;    // padded / group size
     at::Tensor master;    // [shard] float32: the rank's range of the parameters
-    at::Tensor grad;      // [shard] float32: the rank's range of the summed gradients
+    at::Tensor grad;      // [shard] float32: the rank's range of the summed gradients (a view of the buffer)
+    at::Tensor params;    // [padded] in the parameters' dtype, which they are views of; undefined: their own
+    bool own_master = false;  // float32 `params`: `master` is its rank's range, updated in place
   };
 
-  std::vector<Bucket> buckets_;
+  std::unique_ptr<GradientBuffer> buffer_;
+  std::vector<Range> ranges_;
   std::unique_ptr<Optimizer> local_;
   std::vector<bool> counted_;
-  int64_t commBytes_ = 0;
+  int64_t gatherBytes_ = 0;
+  at::Tensor gatherScratch_;  // bytes: the all-gather's output, one bucket at a time
+  // The all-gathers start during the step, range by range (startGathers).
+  void startGathers(bool all);
+  std::vector<size_t> rangeOfPiece_;  // per local() parameter
+  std::vector<int> piecesOf_;         // per range
+  std::vector<int> piecesLeft_;       // per range, this step
+  size_t nextGather_ = 0;
+  std::vector<std::shared_ptr<Work>> gathering_;
 };
 
 }  // namespace ptrain

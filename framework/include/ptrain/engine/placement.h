@@ -56,9 +56,11 @@ struct PTRAIN_API ParameterPlacement {
   ParamGrid grid = ParamGrid::kDense;
   // At most one entry per axis, in the order they were applied.
   std::vector<ShardSpec> shards;
-  // Replicated over the tensor group, but each rank computes only part of its
-  // gradient (e.g. LayerNorm weights under sequence parallelism). The plugin
-  // that made it so sums the parts in finishGradients().
+  // Each rank holding it computes only part of its gradient (LayerNorm
+  // weights under sequence parallelism, replicated over the tensor group; a
+  // tied embedding's copies on the first and last pipeline stage). The plugin
+  // that made it so sums the parts in finishGradients(); the distributed
+  // optimizer's reduce-scatter waits for that (engine/gradient_buffer.h).
   bool partial_gradient = false;
   // The pipeline stage that owns it; -1 when no pipeline placed it.
   int stage = -1;
