@@ -55,15 +55,16 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<std::pair<std::stri
     Range range;
     range.bucket = bucket;
     range.grad = buffer_->reducedRange(b);
+    std::vector<at::Tensor> params;
+    for (const GradientBuffer::Member& m : b.members) params.push_back(m.param);
+    range.gather_dtype = gatherDtype(params);
     // Contiguous parameters: the bucket's parameters become views of one
     // tensor in their dtype, laid out as the bucket, so the all-gather after
     // the step writes the updated values straight into them (Megatron's
     // parameter buffer). Only where they share a dtype and the device, and
     // nothing moves their storage (offload).
     if (gradientViews) {
-      std::vector<at::Tensor> params;
-      for (const GradientBuffer::Member& m : b.members) params.push_back(m.param);
-      const at::ScalarType dtype = gatherDtype(params);
+      const at::ScalarType dtype = range.gather_dtype;
       bool fits = true;
       for (const at::Tensor& p : params)
         fits = fits && p.scalar_type() == dtype && p.device() == b.data.device() && p.is_contiguous();
@@ -154,9 +155,7 @@ void DistributedOptimizer::startGathers(bool all) {
   while (nextGather_ < ranges_.size() && (all || piecesLeft_[nextGather_] == 0)) {
     Range& r = ranges_[nextGather_++];
     const GradientBuffer::Bucket& b = *r.bucket;
-    std::vector<at::Tensor> params;
-    for (const Member& m : r.members) params.push_back(m.param);
-    const at::ScalarType dtype = gatherDtype(params);
+    const at::ScalarType dtype = r.gather_dtype;
     at::Tensor gathered = r.params;
     if (!gathered.defined()) {
       // Parameters of their own: one scratch buffer of the largest bucket's

@@ -70,6 +70,10 @@ extern "C" void onSignal(int sig) {
 
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD};
 constexpr size_t kNumHandled = std::size(kHandledSignals);
+// How long the other workers may take to end by themselves after a rank
+// exited only because it lost a peer (kExitPeerFailed), before they are
+// stopped: time for the peer that failed first to print its own error.
+constexpr std::chrono::seconds kPeerFailureWait{3};
 
 // Read by forked children before exec, so plain globals set before fork().
 bool gInstalled[kNumHandled] = {};
@@ -800,6 +804,22 @@ int launchWorkers(const LaunchOptions& options) {
   auto liveCount = [&] {
     return std::count_if(set.workers.begin(), set.workers.end(), [](const Worker& w) { return !w.exited; });
   };
+  // The first failure: show what the failing rank said before the verdict,
+  // then stop the others.
+  auto reportFailure = [&](const Worker& w) {
+    drainAll();
+    const bool others = liveCount() > 0;
+    say(detail::concat("ptrain: ", describeExit(w),
+                       w.code == kExitPeerFailed ? " (it lost another rank, which is the cause)" : "",
+                       others ? "; stopping the other workers" : "", "\n"));
+    result = w.code;
+    firstFailure = w.rank;
+    beginStop(SIGTERM);
+  };
+  // A rank that exited because it lost a peer, while the others were given
+  // until peerWaitUntil to end by themselves (kPeerFailureWait).
+  const Worker* peerLost = nullptr;
+  Clock::time_point peerWaitUntil{};
 
   std::vector<pollfd> fds;
   std::vector<LineStream*> streams;
@@ -820,6 +840,9 @@ int launchWorkers(const LaunchOptions& options) {
     int timeoutMs = 1000;
     if (stopping && !killed) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killAt - Clock::now()).count();
+      timeoutMs = static_cast<int>(std::clamp<long long>(left, 0, 1000));
+    } else if (!stopping && peerLost != nullptr) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(peerWaitUntil - Clock::now()).count();
       timeoutMs = static_cast<int>(std::clamp<long long>(left, 0, 1000));
     }
     const int ready = poll(fds.data(), fds.size(), timeoutMs);
@@ -862,15 +885,21 @@ int launchWorkers(const LaunchOptions& options) {
       // 75: the ranks agreed to stop after saving (a signal reached them
       // directly); the others follow by themselves.
       if (stopping || w.code == 0 || w.code == kExitStoppedAndSaved) continue;
-      // First failure: show what the failing rank said before the verdict.
-      drainAll();
-      const bool others = liveCount() > 0;
-      say(detail::concat("ptrain: ", describeExit(w),
-                         w.code == kExitPeerFailed ? " (it lost another rank, which is the cause)" : "",
-                         others ? "; stopping the other workers" : "", "\n"));
-      result = w.code;
-      firstFailure = w.rank;
-      beginStop(SIGTERM);
+      // A rank that only lost a peer often ends a moment before the peer
+      // whose own error caused it: stopping everyone now could kill that
+      // peer before it says why. The others get a short while to end by
+      // themselves first.
+      if (w.code == kExitPeerFailed && liveCount() > 0) {
+        if (peerLost == nullptr) {
+          peerLost = &w;
+          peerWaitUntil = Clock::now() + kPeerFailureWait;
+        }
+        continue;
+      }
+      reportFailure(w);
+    }
+    if (!stopping && peerLost != nullptr && (liveCount() == 0 || Clock::now() >= peerWaitUntil)) {
+      reportFailure(*peerLost);
     }
 
     if (stopping && !killed && Clock::now() >= killAt) killRemaining();

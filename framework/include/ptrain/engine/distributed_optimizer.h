@@ -131,6 +131,7 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
     at::Tensor grad;      // [shard] float32: the rank's range of the summed gradients (a view of the buffer)
     at::Tensor params;    // [padded] in the parameters' dtype, which they are views of; undefined: their own
     bool own_master = false;  // float32 `params`: `master` is its rank's range, updated in place
+    at::ScalarType gather_dtype = at::kFloat;  // what the range travels as: the parameters' dtype when shared
   };
 
   std::unique_ptr<GradientBuffer> buffer_;
