@@ -154,6 +154,37 @@ TEST_P(CommCollectives, AllgatherPlacesEachRankInItsBlock) {
   });
 }
 
+// From a megabyte on, the host backend gathers by one broadcast per member
+// into the output's blocks: the same result, separate input or in place
+// (the input a view of the member's own block, as the distributed
+// optimizer's parameter buffer gathers), and in a 16-bit dtype.
+TEST_P(CommCollectives, LargeAllgatherPlacesEachRankInItsBlockInPlaceToo) {
+  const auto c = GetParam();
+  runCommRanks(c.backend, c.world, [&](CommRank& comm) {
+    auto& g = comm.world();
+    const int n = g.size(), r = g.rank();
+    const int64_t count = 300001;  // x 4 bytes x n >= 1 MiB
+    at::Tensor expected = at::arange(n * count, at::kLong).to(at::kFloat);  // exact below 2^24
+    for (bool inPlace : {false, true}) {
+      at::Tensor output = at::full({n * count}, -1.0f);
+      at::Tensor own = (r * count + at::arange(count, at::kLong)).to(at::kFloat);
+      at::Tensor input = own;
+      if (inPlace) {
+        input = output.narrow(0, r * count, count);
+        input.copy_(own);
+      }
+      g.allgather(output, input)->wait();
+      expectSame(output, expected, ctx(at::kFloat, inPlace ? "large allgather in place" : "large allgather", count, r));
+    }
+    // bf16: small integers, exact, 2 bytes each.
+    const int64_t halfCount = 600001;
+    at::Tensor pattern = at::arange(n * halfCount, at::kLong).remainder(97);
+    at::Tensor output = at::zeros({n * halfCount}, at::kBFloat16);
+    g.allgather(output, pattern.narrow(0, r * halfCount, halfCount).to(at::kBFloat16))->wait();
+    expectSame(output, pattern.to(at::kBFloat16), ctx(at::kBFloat16, "large allgather", halfCount, r));
+  });
+}
+
 TEST_P(CommCollectives, ReduceScatterEveryOpMatchesClosedForm) {
   const auto c = GetParam();
   runCommRanks(c.backend, c.world, [&](CommRank& comm) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <set>
 
 #include "ptrain/comm/communicator.h"
 #include "ptrain/engine/gradient_buffer.h"
@@ -134,16 +135,61 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<std::pair<std::stri
   };
 }
 
-DistributedOptimizer::~DistributedOptimizer() = default;
+DistributedOptimizer::~DistributedOptimizer() {
+  // No all-gather may outlive the tensors it writes into.
+  try {
+    awaitParameters();
+  } catch (const std::exception&) {
+    // A failed group already said why; a destructor must not throw.
+  }
+}
+
+void DistributedOptimizer::gatherDuringNextForward(std::function<int(const std::string& name)> blockOf) {
+  deferGathers_ = true;
+  rangesOfBlock_.clear();
+  outerRanges_.clear();
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    std::set<int> blocks;
+    for (const Member& m : ranges_[r].members) blocks.insert(blockOf(m.name));
+    for (int b : blocks) (b < 0 ? outerRanges_ : rangesOfBlock_[b]).push_back(r);
+  }
+}
+
+void DistributedOptimizer::awaitRanges(const std::vector<size_t>& ranges) {
+  for (size_t r : ranges) {
+    if (!ranges_[r].gathering) continue;
+    // Dropped once waited: a c10d Work keeps its tensors.
+    std::shared_ptr<Work> work = std::move(ranges_[r].gathering);
+    work->wait();
+  }
+}
+
+void DistributedOptimizer::awaitParameters() {
+  for (Range& r : ranges_) {
+    if (!r.gathering) continue;
+    std::shared_ptr<Work> work = std::move(r.gathering);
+    work->wait();
+  }
+}
+
+void DistributedOptimizer::beginStep(const StepInfo&) { awaitRanges(outerRanges_); }
+
+at::Tensor DistributedOptimizer::runBlock(int index, const at::Tensor& input, const BlockRunner& next) {
+  auto it = rangesOfBlock_.find(index);
+  if (it != rangesOfBlock_.end()) awaitRanges(it->second);
+  return next(input);
+}
 
 void DistributedOptimizer::beforeBackward(int index, int count) { buffer_->beforeBackward(index, count); }
 
 void DistributedOptimizer::finishGradients() {
+  // Every block has run by now; a range no forward pass waited for (a
+  // block this step skipped) is waited for before the step writes it.
+  awaitParameters();
   buffer_->finish();
   // Before the step: no range is gathered yet.
   piecesLeft_ = piecesOf_;
   nextGather_ = 0;
-  gathering_.clear();
   gatherBytes_ = 0;
 }
 
@@ -178,8 +224,9 @@ void DistributedOptimizer::startGathers(bool all) {
       gatherBytes_ += bytesOf(gathered);
     }
     if (r.params.defined()) {
-      // The parameters are views of it: waited for in afterStep.
-      if (work) gathering_.push_back(std::move(work));
+      // The parameters are views of it: waited for in afterStep, or by the
+      // next forward pass (gatherDuringNextForward).
+      r.gathering = std::move(work);
       continue;
     }
     if (work) work->wait();
@@ -191,11 +238,8 @@ void DistributedOptimizer::startGathers(bool all) {
 
 void DistributedOptimizer::afterStep(const StepResult& result) {
   torch::NoGradGuard noGrad;
-  if (result.applied) {
-    startGathers(/*all=*/true);  // any the step did not start (none, normally)
-    for (auto& work : gathering_) work->wait();
-  }
-  gathering_.clear();
+  if (result.applied) startGathers(/*all=*/true);  // any the step did not start (none, normally)
+  if (!deferGathers_) awaitParameters();
   buffer_->zeroGradients();
 }
 

@@ -257,6 +257,18 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
       // Right after the precision plugin: its finishGradients (hooks unwind
       // in reverse) reduce-scatters what every parallel plugin has completed.
       hooks_.insert(hooks_.begin() + 1, distributed_.get());
+      // Its all-gathers run on into the next forward pass: each block waits
+      // for the ranges of its own parameters (outermost of the block hooks
+      // but the precision plugin's, so before an offload or parallel plugin
+      // touches them), the step's start for the rest.
+      std::vector<std::pair<int, std::string>> prefixes;
+      for (int b = 0; b < model_->numBlocks(); ++b)
+        if (build.buildsBlock(b)) prefixes.emplace_back(b, model_->blockPrefix(b));
+      distributed_->gatherDuringNextForward([prefixes](const std::string& name) {
+        for (const auto& [b, prefix] : prefixes)
+          if (name.compare(0, prefix.size(), prefix) == 0) return b;
+        return -1;
+      });
     } else {
       ownOptimizer_ = makeOptimizer(model_->localParameters(), optimizerOptions);
       optimizer_ = ownOptimizer_.get();
@@ -270,8 +282,28 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
 }
 
 ModelRuntime::~ModelRuntime() {
-  // The model may outlive the runtime (sharedModel()): it must not call back.
+  // The model may outlive the runtime (sharedModel()): it must not call back,
+  // and holds the last step's values.
+  try {
+    awaitParameters();
+  } catch (const std::exception&) {
+    // A failed group already said why; a destructor must not throw.
+  }
   if (model_) model_->block_wrapper = nullptr;
+}
+
+StagedModel& ModelRuntime::model() {
+  awaitParameters();
+  return *model_;
+}
+
+std::shared_ptr<StagedModel> ModelRuntime::sharedModel() {
+  awaitParameters();
+  return model_;
+}
+
+void ModelRuntime::awaitParameters() {
+  if (distributed_) distributed_->awaitParameters();
 }
 
 void ModelRuntime::addHooks(std::shared_ptr<StepHooks> hooks) {
@@ -501,6 +533,7 @@ EvalContext ModelRuntime::evalContext() const {
 }
 
 void ModelRuntime::inference(const std::function<void(StagedModel& model, const EvalContext& ctx)>& fn) {
+  awaitParameters();
   torch::NoGradGuard noGrad;
   model_->module().eval();
   TrainModeAgain again{model_->module()};
@@ -508,6 +541,7 @@ void ModelRuntime::inference(const std::function<void(StagedModel& model, const 
 }
 
 RankShare ModelRuntime::checkpointShare() {
+  awaitParameters();
   torch::NoGradGuard noGrad;
   const Placement& placement = model_->placement;
   const int rank = comm_.rank();
@@ -554,6 +588,7 @@ RankShare ModelRuntime::checkpointShare() {
 }
 
 void ModelRuntime::loadWeights(WeightsSource& weights) {
+  awaitParameters();  // nothing in flight may overwrite what is read
   torch::NoGradGuard noGrad;
   const Placement& placement = model_->placement;
   std::map<std::string, at::Tensor> params;
@@ -619,6 +654,7 @@ int64_t ModelRuntime::ownedParameterCount() {
 
 void ModelRuntime::loadCheckpoint(CheckpointReader& reader, const std::string& source, bool withOptimizer,
                                   int64_t optimizerSteps) {
+  awaitParameters();  // nothing in flight may overwrite what is read
   torch::NoGradGuard noGrad;
   const Placement& placement = model_->placement;
   const std::string& dir = reader.dir();

@@ -268,10 +268,13 @@ TimeEstimate estimateStepTime(const ModelShape& m, const Layout& l, const Device
     // Overlapped buckets hide behind the last micro-batch's backward (two
     // thirds of its compute): the data plugin's all-reduce, or the
     // distributed optimizer's reduce-scatter (half the wire); its all-gather
-    // runs after the optimizer step.
+    // (the other half) runs on into the next step's first forward pass (a
+    // third of a micro-batch's compute).
     const double hidden = l.overlap_grad_reduce ? 2.0 / 3.0 * e.compute / microBatches : 0;
     const double reduced = l.distributed_optimizer ? wire / 2 : wire;
-    e.dp_comm = std::max(reduced - hidden, reduced * 0.1) + (wire - reduced);
+    const double gathered = wire - reduced;
+    const double gatherHidden = 1.0 / 3.0 * e.compute / microBatches;
+    e.dp_comm = std::max(reduced - hidden, reduced * 0.1) + std::max(gathered - gatherHidden, gathered * 0.1);
   }
   {
     // Counts on the rank of the first stage (the last adds the head's).

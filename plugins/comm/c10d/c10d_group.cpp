@@ -233,7 +233,7 @@ bool widens(const GroupState& g, const at::Tensor& t) {
 at::Tensor movable(const GroupState& g, const at::Tensor& t) {
   if (!t.defined() || g.traits->reduces(t.scalar_type())) return t;
   for (at::ScalarType d : {at::kHalf, at::kFloat, at::kDouble, at::kByte, at::kChar, at::kInt, at::kLong}) {
-    if (g.traits->reduces(d) && c10::elementSize(d) == t.element_size()) return t.view(d);
+    if (g.traits->reduces(d) && static_cast<int64_t>(c10::elementSize(d)) == static_cast<int64_t>(t.element_size())) return t.view(d);
   }
   return t;
 }
@@ -370,6 +370,43 @@ std::shared_ptr<Work> C10dProcessGroup::allgather(at::Tensor& output, const at::
   PTRAIN_CHECK_AS(CommError, output.numel() == n * state_->size, state_->where(op), ": output has ", output.numel(),
                   " elements, expected group size x input elements = ", state_->size, " x ", n);
   if (n == 0 && state_->traits->skip_empty) return done(op);
+  // From a megabyte on (below it the latency of one collective per member
+  // costs more than the copies).
+  constexpr int64_t kBroadcastGatherBytes = int64_t{1} << 20;
+  if (!state_->traits->stream_ordered && output.is_contiguous() && input.is_contiguous() && output.device().is_cpu() &&
+      output.numel() * static_cast<int64_t>(output.element_size()) >= kBroadcastGatherBytes) {
+    // On the host, one broadcast per member straight into its block of the
+    // output moves the same bytes per rank as c10d's all-gather, which
+    // gathers into a freshly allocated flat buffer and copies it out again
+    // (twice the output's size through memory, and a page fault every
+    // 4 KiB of it). The member's own block comes from the input.
+    at::Tensor flat = movable(*state_, output).view({-1});
+    const int self = state_->rank;
+    at::Tensor mine = flat.narrow(0, self * n, n);
+    if (mine.data_ptr() != input.data_ptr()) mine.copy_(movable(*state_, input).reshape({-1}));
+    auto earlier = std::make_shared<std::vector<c10::intrusive_ptr<c10d::Work>>>();
+    auto finish = [earlier, flat, state = state_, op, timeout]() {
+      // The last broadcast was waited for; the others ran before or beside it.
+      const Timeout limit = timeout.count() > 0 ? timeout : state->timeout;
+      for (auto& w : *earlier) w->wait(limit);
+    };
+    return issue(
+        op, timeout,
+        [&] {
+          c10::intrusive_ptr<c10d::Work> last;
+          for (int i = 0; i < state_->size; ++i) {
+            if (last) earlier->push_back(last);
+            c10d::BroadcastOptions o;
+            o.rootRank = i;
+            o.rootTensor = 0;
+            o.timeout = state_->c10dTimeout(timeout);
+            std::vector<at::Tensor> tensors{flat.narrow(0, i * n, n)};
+            last = pg_->broadcast(tensors, o);
+          }
+          return last;
+        },
+        std::move(finish));
+  }
   return issue(op, timeout, [&] {
     // Gloo gathers into one buffer per rank; views of the output's dim-0
     // blocks receive them without an extra allocation on our side.

@@ -33,8 +33,17 @@
 //                     and all-gathered straight into them (a bucket's
 //                     parameters are views of one contiguous tensor), while
 //                     the optimizer goes on with the next ranges.
-//   afterStep         waits for the all-gathers (when the step was applied);
-//                     the gradients are zeroed.
+//   afterStep         the gradients are zeroed; the all-gathers go on.
+//   next forward      (gatherDuringNextForward) beginStep waits for the
+//                     ranges that hold parameters outside the blocks (the
+//                     embedding, the head), each block's runBlock for the
+//                     ranges of its parameters: the all-gathers overlap the
+//                     next forward pass, as Megatron-LM's overlap_param_gather.
+//                     Without it, or when the parameters are not views of
+//                     the gathered tensor, afterStep waits for them.
+// Whoever reads the parameters outside a step calls awaitParameters() first
+// (ModelRuntime does, in model(), inference() and its checkpoint and weight
+// paths).
 // Per rank the optimizer state and masters take 1/dp of the non-sharded
 // optimizer's; the communication per step is a reduce-scatter plus an
 // all-gather, the bytes of one all-reduce.
@@ -53,6 +62,7 @@
 // collective methods (finishGradients, afterStep) in the same order.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +101,16 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   // along, data-parallel axes excepted).
   const std::vector<bool>& countedInNorm() const { return counted_; }
 
+  // Lets the all-gathers of a step run on into the next forward pass:
+  // `blockOf(name)` is the block a parameter belongs to, or -1 for the parts
+  // around the blocks. Before the first step.
+  void gatherDuringNextForward(std::function<int(const std::string& name)> blockOf);
+  // Waits for every all-gather still in flight: the parameters hold the
+  // step's values when it returns.
+  void awaitParameters();
+
+  void beginStep(const StepInfo& info) override;
+  at::Tensor runBlock(int index, const at::Tensor& input, const BlockRunner& next) override;
   void beforeBackward(int index, int count) override;
   void finishGradients() override;
   void afterStep(const StepResult& result) override;
@@ -132,7 +152,9 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
     at::Tensor params;    // [padded] in the parameters' dtype, which they are views of; undefined: their own
     bool own_master = false;  // float32 `params`: `master` is its rank's range, updated in place
     at::ScalarType gather_dtype = at::kFloat;  // what the range travels as: the parameters' dtype when shared
+    std::shared_ptr<Work> gathering;  // the all-gather into `params` still in flight, if any
   };
+  void awaitRanges(const std::vector<size_t>& ranges);
 
   std::unique_ptr<GradientBuffer> buffer_;
   std::vector<Range> ranges_;
@@ -146,7 +168,11 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   std::vector<int> piecesOf_;         // per range
   std::vector<int> piecesLeft_;       // per range, this step
   size_t nextGather_ = 0;
-  std::vector<std::shared_ptr<Work>> gathering_;
+  // gatherDuringNextForward: the ranges each block's forward waits for, and
+  // those beginStep waits for (parameters outside the blocks).
+  bool deferGathers_ = false;
+  std::map<int, std::vector<size_t>> rangesOfBlock_;
+  std::vector<size_t> outerRanges_;
 };
 
 }  // namespace ptrain

@@ -131,8 +131,10 @@ class PTRAIN_API ModelRuntime {
   ModelRuntime& operator=(const ModelRuntime&) = delete;
 
   const std::string& name() const { return options_.name; }
-  StagedModel& model() { return *model_; }
-  std::shared_ptr<StagedModel> sharedModel() { return model_; }
+  // The model, its parameters holding the last step's values (under
+  // optimizer.distributed, once the all-gathers still in flight are done).
+  StagedModel& model();
+  std::shared_ptr<StagedModel> sharedModel();
   const LayoutGroups& groups() const { return *groups_; }
   const ParallelLayout& layout() const { return options_.layout; }
   at::Device device() const { return options_.device; }
@@ -216,6 +218,10 @@ class PTRAIN_API ModelRuntime {
 
  private:
   at::Tensor runBlock(int index, const at::Tensor& input);
+  // Waits for the distributed optimizer's all-gathers of the last step
+  // (they overlap the next forward pass): before anything outside a step
+  // reads or writes the parameters.
+  void awaitParameters();
   LossOutput runLoss(const StepInput& input, const at::Tensor& hidden, const Batch& micro);
   // The first step's mem_* figures (see step()).
   void reportMemory(StepResult& result, int64_t activationBytes);
