@@ -66,6 +66,18 @@ TEST(Plan, AClusterOfTwoGenerationsGetsALayoutPerGroupAndABatchSplitBySpeed) {
     return at == std::string::npos ? -1 : std::stoi(r.output.substr(at + group.size()));
   };
   EXPECT_GT(rowsAfter("4 x A100-80G"), rowsAfter("4 x V100-32G")) << r.output;
+  // The recipe section that runs the split, each group in its own layout:
+  // `ptrain check` accepts it as printed.
+  const size_t section = r.output.find("\nparallel:\n  groups:\n");
+  ASSERT_NE(section, std::string::npos) << r.output;
+  ptrain::test::TempDir tmp;
+  const std::string recipe = tmp.write("groups.yaml", "defaults: [" + configs() + "quickstart.yaml]\n" +
+                                                          r.output.substr(section + 1));
+  auto accepted = runPtrain({"check", recipe, "--nproc", "8", "launch.nproc=8", "device=cuda", "model.num_layers=8",
+                             "model.hidden_size=1024", "model.num_attention_heads=16", "model.seq_length=512",
+                             "train.global_batch_size=64", "precision.name=fp16"});
+  EXPECT_EQ(accepted.exit_code, 0) << r.output.substr(section) << "\n" << accepted.output;
+  EXPECT_NE(accepted.output.find("group A100-80G: ranks 0-3"), std::string::npos) << accepted.output;
   // `ptrain check` sizes one device kind and says where to go instead.
   auto check = runPtrain({"check", configs() + "quickstart.yaml", "--cluster", cluster});
   EXPECT_EQ(check.exit_code, 2) << check.output;

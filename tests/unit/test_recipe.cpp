@@ -550,3 +550,48 @@ TEST(RecipeCopy, CopiesAreIndependent) {
 
 }  // namespace
 }  // namespace ptrain
+
+namespace ptrain {
+namespace {
+
+// A list of mappings (parallel.groups): each entry and key with where it was
+// written, in the order written; the schema refuses other shapes at the entry.
+TEST(RecipeMapList, EntriesKeepTheirKeysInOrderWithTheirPlaces) {
+  Recipe r = Recipe::fromString(std::string(kMinimal) +
+                                    "parallel:\n"
+                                    "  groups:\n"
+                                    "    - {name: a, ranks: 4, tensor_model_parallel_size: 2}\n"
+                                    "    - ranks: 2\n"
+                                    "      share: 0.5\n",
+                                "g.yaml");
+  r.validate(coreSchema());
+  const auto groups = r.getMapList("parallel.groups");
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].at.str(), "g.yaml:7:7");
+  ASSERT_EQ(groups[0].fields.size(), 3u);
+  EXPECT_EQ(groups[0].fields[0].key, "name");
+  EXPECT_EQ(groups[0].fields[0].value, "a");
+  EXPECT_EQ(groups[0].fields[2].key, "tensor_model_parallel_size");
+  EXPECT_EQ(groups[0].fields[2].at.str(), "g.yaml:7:27");
+  ASSERT_EQ(groups[1].fields.size(), 2u);
+  EXPECT_EQ(groups[1].fields[1].key, "share");
+  EXPECT_EQ(groups[1].fields[1].value, "0.5");
+  EXPECT_EQ(groups[1].fields[1].at.str(), "g.yaml:9:7");
+  // From the command line too.
+  Recipe o = Recipe::fromString(kMinimal, "g.yaml", {"parallel.groups=[{ranks: 1}, {ranks: 3}]"});
+  o.validate(coreSchema());
+  EXPECT_EQ(o.getMapList("parallel.groups")[1].fields[0].value, "3");
+}
+
+TEST(RecipeMapList, OtherShapesAreRefusedAtTheEntry) {
+  const auto scalar = problemsOf(std::string(kMinimal) + "parallel: {groups: 4}\n");
+  ASSERT_EQ(scalar.size(), 1u);
+  EXPECT_NE(scalar[0].find("parallel.groups: expected a list of mappings, got"), std::string::npos) << scalar[0];
+  const auto nested = problemsOf(std::string(kMinimal) + "parallel:\n  groups:\n    - {ranks: 4}\n    - {ranks: [2]}\n");
+  ASSERT_EQ(nested.size(), 1u);
+  EXPECT_NE(nested[0].find("r.yaml:8:7: parallel.groups: entry 2 is"), std::string::npos) << nested[0];
+  EXPECT_NE(nested[0].find("expected a mapping of single values"), std::string::npos) << nested[0];
+}
+
+}  // namespace
+}  // namespace ptrain

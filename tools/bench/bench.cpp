@@ -14,14 +14,18 @@
 // fp16 with every fusion off and on: ATen operators dispatched per step
 // (log.count_ops), step time and peak RSS, and what each fusion alone saves.
 // Then two ranks with one slowed on purpose, the batch split evenly and 2:1
-// (parallel.data_parallel_shares).
+// (parallel.data_parallel_shares). Then device groups (parallel.groups): two
+// groups of two ranks, the second slowed to half speed and held at tp 2 (as a
+// V100 group needs tp 4 for a 7B model), each in its own layout against the
+// best common layout, the batch split evenly and by speed, the planner's
+// prediction beside each.
 // Then the planner's predictions beside measurement for twelve layouts.
 // Then the recommender's samples/s: the scaled 12B recipe on its 8-rank
 // layout (tp 4 x pp 2 x ep 2) and recsys_small on 2 data-parallel ranks.
 // Then scale: a 403M GPT on 4 processes at tp 4 and tp 2 x pp 2, each rank's
 // peak memory over the whole run (build, steps, save, load) against
 // `ptrain plan`, start-up, save and load seconds.
-// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|calibration|recommender|scale]` runs only the
+// `ptrain_bench [eager|tensor|pipeline|fusion|moe|memory|shares|hetero|calibration|recommender|scale]` runs only the
 // sections named (`make bench scale`).
 #include <signal.h>
 #include <sys/wait.h>
@@ -304,9 +308,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> only(argv + 1, argv + argc);
   for (const auto& name : only) {
     if (name != "eager" && name != "tensor" && name != "pipeline" && name != "fusion" && name != "moe" &&
-        name != "memory" && name != "shares" && name != "calibration" && name != "recommender" && name != "scale") {
+        name != "memory" && name != "shares" && name != "hetero" && name != "calibration" && name != "recommender" &&
+        name != "scale") {
       std::fprintf(stderr,
-                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares, "
+                   "ptrain_bench: unknown section '%s'; use eager, tensor, pipeline, fusion, moe, memory, shares, hetero, "
                    "calibration, recommender or scale (default: all)\n",
                    name.c_str());
       return 2;
@@ -559,6 +564,57 @@ int main(int argc, char** argv) {
     std::printf("%-24s %8.3f %9s\n", "even [24, 24]", even.step_s, "");
     std::printf("%-24s %8.3f %8.2fx\n", "shares 2:1 [32, 16]", uneven.step_s, even.step_s / uneven.step_s);
     std::printf("(predicted gain of 2:1 over even for a rank at half speed: 1.50x)\n");
+  }
+  // Device groups: ranks 0-1 a fast group, ranks 2-3 a group at half speed
+  // that must split the model (tp 2). One common layout must then be tp 2
+  // everywhere; device groups let the fast group run tp 1 x dp 2.
+  if (runs("hetero")) {
+    GptSize s = sizes.front();
+    s.batch = 48;
+    std::printf("\ndevice groups, %s model, 4 ranks: ranks 0-1 fast, ranks 2-3 slowed to 50%% and held at tp 2; batch 48,"
+                " micro-batch 4:\n", s.name.c_str());
+    std::printf("%-48s %-10s %8s %9s %8s\n", "layout", "rows", "step s", "vs first", "pred s");
+    const std::string tag = "PTRAIN_BENCH_TAG=" + std::to_string(getpid());
+    // The planner's step for `nproc` ranks of a layout on `rows` rows.
+    auto predict = [&](int nproc, const std::string& layout, int64_t rows) {
+      GptSize part = s;
+      part.batch = rows;
+      return planPtrain(binary, source, part, nproc, layout + " train.micro_batch_size=4")["step_s"].get<double>();
+    };
+    const std::string tp2 = "parallel.tensor_model_parallel_size=2";
+    const std::string dp2 = "parallel.tensor_model_parallel_size=1";
+    struct Row {
+      const char* name;
+      const char* rows;
+      std::string overrides;
+      std::string fastLayout;  // the fast half's layout, for the prediction
+      int64_t fastRows, slowRows;
+    };
+    auto groups = [](int64_t fastShare, int64_t slowShare) {
+      return "'parallel.groups=[{name: fast, ranks: 2, share: " + std::to_string(fastShare) +
+             "}, {name: slow, ranks: 2, tensor_model_parallel_size: 2, share: " + std::to_string(slowShare) + "}]'";
+    };
+    const std::vector<Row> table = {
+        {"common tp 2 x dp 2, even", "[24 | 24]", tp2, tp2, 24, 24},
+        {"common tp 2 x dp 2, by speed", "[32 | 16]", tp2 + " parallel.data_parallel_shares=[2,1]", tp2, 32, 16},
+        {"groups: fast tp 1 x dp 2 | slow tp 2, even", "[24 | 24]", groups(1, 1), dp2, 24, 24},
+        {"groups: fast tp 1 x dp 2 | slow tp 2, by speed", "[32 | 16]", groups(2, 1), dp2, 32, 16},
+    };
+    double first = 0;
+    for (const Row& row : table) {
+      PtrainRun run;
+      {
+        RankThrottle slow2(tag, 2, 0.5), slow3(tag, 3, 0.5);
+        run = runPtrain(binary, source, s, warmup, 4, "train.micro_batch_size=4 " + row.overrides, tag);
+      }
+      // A step lasts as long as its slower half: the slow one at half speed.
+      const double predicted = std::max(predict(2, row.fastLayout, row.fastRows), 2 * predict(2, tp2, row.slowRows));
+      if (first == 0) first = run.step_s;
+      std::printf("%-48s %-10s %8.3f %8.2fx %8.3f\n", row.name, row.rows, run.step_s, first / run.step_s, predicted);
+    }
+    std::printf("(pred: the planner's step for each half on its rows (ptrain plan --device host), the slow half's\n"
+                " doubled, the longer of the two; 4 processes share this machine's cores, which the planner's\n"
+                " per-rank figures do not)\n");
   }
   // The recommender (docs/trainers/recommender.md): training samples a second
   // over the whole job, the global batch over the median step time after the

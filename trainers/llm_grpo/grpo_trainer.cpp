@@ -142,6 +142,10 @@ void GrpoTrainer::describeKeys(Schema& schema) const {
 void GrpoTrainer::setup(const Recipe& recipe) {
   LlmTrainer::setup(recipe);
   const llm::GptConfig& c = modelConfig();
+  if (recipe.has("parallel.groups")) {
+    recipe.fail("parallel.groups", "the grpo trainer runs its actor, reference and rollout models on one layout of "
+                                   "the job's ranks; device groups train one model: remove parallel.groups");
+  }
   if (corpus() != nullptr) {
     recipe.fail("data.name", "megatron: the GRPO trainer samples responses to prompts and rewards their answers; use "
                              "arithmetic or prompts (JSONL of prompt and answer)");

@@ -291,6 +291,10 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
 }
 
 void RecommenderTrainer::setup(const Recipe& recipe) {
+  if (recipe.has("parallel.groups")) {
+    recipe.fail("parallel.groups", "the recommender's embedding tables have row-sparse gradients, which device "
+                                   "groups do not sum yet: remove parallel.groups");
+  }
   const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
   const bool fromFiles = name == "criteo";
   if (!name.empty() && name != "clicks" && !fromFiles) {

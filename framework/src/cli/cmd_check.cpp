@@ -21,6 +21,7 @@
 #include "ptrain/engine/offload.h"
 #include "ptrain/engine/recipe_schema.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/layout/device_groups.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/plugin/registry.h"
 #include "ptrain/recipe/recipe.h"
@@ -272,13 +273,27 @@ int cmdCheck(const CheckArgs& args) {
   const LayoutPlan plan = planLayout(layout);
   const LayoutSizes& s = plan.sizes;
   std::printf("%s: OK\n", args.recipe.c_str());
-  std::printf("layout: world=%d tp=%d pp=%d dp=%d cp=%d ep=%d etp=%d edp=%d", s.world, s.tp, s.pp, plan.dp, s.cp,
-              s.ep, s.etp, plan.edp);
-  if (s.vpp > 1) std::printf(" vpp=%d", s.vpp);
-  std::printf("\n");
-  std::printf("batch: global=%lld micro=%lld%s micro-batches per step=%lld\n",
-              static_cast<long long>(plan.global_batch_size), static_cast<long long>(plan.micro_batch_size),
-              plan.micro_batch_size_derived ? " (global/dp)" : "", static_cast<long long>(plan.micro_batches));
+  if (!layout.groups.empty()) {
+    // Each device group's own layout and rows (docs/planning.md).
+    const DeviceGroups groups = deviceGroupsOf(layout);
+    for (size_t i = 0; i < layout.groups.size(); ++i) {
+      const DeviceGroup& g = groups[static_cast<int>(i)];
+      const LayoutPlan own = planLayout(groupRequest(layout, i));
+      std::printf("group %s: ranks %d-%d, tp %d pp %d dp %d, %lld rows, micro %lld, micro-batches per rank %lld\n",
+                  g.name.c_str(), g.first_rank, g.first_rank + g.sizes.world - 1, own.sizes.tp, own.sizes.pp, own.dp,
+                  static_cast<long long>(own.global_batch_size), static_cast<long long>(own.micro_batch_size),
+                  static_cast<long long>(own.micro_batches));
+    }
+  }
+  if (layout.groups.empty()) {
+    std::printf("layout: world=%d tp=%d pp=%d dp=%d cp=%d ep=%d etp=%d edp=%d", s.world, s.tp, s.pp, plan.dp, s.cp,
+                s.ep, s.etp, plan.edp);
+    if (s.vpp > 1) std::printf(" vpp=%d", s.vpp);
+    std::printf("\n");
+    std::printf("batch: global=%lld micro=%lld%s micro-batches per step=%lld\n",
+                static_cast<long long>(plan.global_batch_size), static_cast<long long>(plan.micro_batch_size),
+                plan.micro_batch_size_derived ? " (global/dp)" : "", static_cast<long long>(plan.micro_batches));
+  }
   if (recipe.has("parallel.data_parallel_shares")) {
     std::string rows;
     for (int64_t r : plan.data_rows) rows += (rows.empty() ? "" : ", ") + std::to_string(r);
@@ -287,7 +302,7 @@ int cmdCheck(const CheckArgs& args) {
   const std::string trainer = recipe.getString("trainer.name");
   // An unknown trainer was refused above: its keys were checked.
   std::printf("trainer: %s\n", trainer.c_str());
-  if (s.pp > 1) printPipeline(recipe, plan);
+  if (s.pp > 1 && layout.groups.empty()) printPipeline(recipe, plan);
   // What `ptrain run` will export, with this shell's environment winning.
   for (const auto& setting : nccl::effectiveSettings(nccl::settingsFromRecipe(recipe), nccl::processEnvironment())) {
     std::printf("nccl: %s\n", nccl::headerLine(setting).c_str());

@@ -65,6 +65,7 @@ struct RunRecord {
   std::vector<Line> lines;         // the log's lines
   std::optional<nlohmann::json> exit;
   std::vector<nlohmann::json> steps;  // training lines of metrics.jsonl
+  std::optional<nlohmann::json> summary;  // its summary row (the last)
   std::optional<Recipe> recipe;
 };
 
@@ -145,6 +146,7 @@ RunRecord readRecord(const std::string& path) {
   while (std::getline(metrics, text)) {
     try {
       nlohmann::json j = nlohmann::json::parse(text);
+      if (j.value("kind", "") == "summary") r.summary = j;
       if (j.contains("loss") && j.contains("step")) r.steps.push_back(std::move(j));
     } catch (const nlohmann::json::exception&) {
       // A line cut off by a crash.
@@ -589,6 +591,38 @@ std::optional<Diagnosis> stopped(const RunRecord& r) {
                    false};
 }
 
+// Device groups (parallel.groups): every group waits for the slowest at each
+// step's gradient exchange. Names it, with the shares that would even the
+// groups' busy time (each group's rows in proportion to its rows per busy
+// second).
+void slowestGroup(const RunRecord& r) {
+  if (!r.summary || !r.summary->contains("device_groups")) return;
+  const auto& groups = (*r.summary)["device_groups"];
+  if (groups.size() < 2) return;
+  size_t slowest = 0;
+  double rate = 0;
+  std::vector<double> rates;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double busy = std::max(1e-9, groups[i]["busy_s"].get<double>());
+    if (busy > groups[slowest]["busy_s"].get<double>()) slowest = i;
+    rates.push_back(groups[i]["share"].get<double>() / busy);
+    rate += rates.back();
+  }
+  std::string shares, waits;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    shares += (shares.empty() ? "" : ", ") + groups[i]["name"].get<std::string>() + " " +
+              text::formatNumber(std::round(1000.0 * rates[i] / rate) / 10.0);
+    waits += (waits.empty() ? "" : ", ") + groups[i]["name"].get<std::string>() + " " +
+             text::formatNumber(std::round(groups[i]["wait_s"].get<double>() * 1000.0) / 1000.0) + " s";
+  }
+  const auto& s = groups[slowest];
+  std::printf("  device groups: the slowest is %s (%s s of work a step; waiting for the others: %s); shares that "
+              "would even them: %s (parallel.groups share)\n",
+              s["name"].get<std::string>().c_str(),
+              text::formatNumber(std::round(s["busy_s"].get<double>() * 1000.0) / 1000.0).c_str(), waits.c_str(),
+              shares.c_str());
+}
+
 }  // namespace
 
 int cmdDoctor(const std::string& path) {
@@ -614,6 +648,7 @@ int cmdDoctor(const std::string& path) {
     } else {
       std::printf("ptrain doctor: %s: no failure found\n", path.c_str());
     }
+    slowestGroup(r);
     return 0;
   }
   std::printf("ptrain doctor: %s: %s\n  %s\n  evidence:\n", path.c_str(), d->kind.c_str(), d->summary.c_str());

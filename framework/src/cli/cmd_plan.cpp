@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
@@ -283,11 +284,38 @@ int printHeterogeneous(const std::string& recipePath, const plan::ModelShape& m,
                 static_cast<long long>(micro),
                 shares.c_str());
   } else {
-    std::printf("the groups' best layouts differ in tp, pp or ep, or use a pipeline; one ptrain job runs one "
-                "model-parallel layout, with uneven rows per data-parallel rank "
-                "(parallel.data_parallel_shares): plan the groups with a common --nproc layout to run them together, "
-                "or run each group as its own job\n");
+    std::printf("the groups' best layouts differ in tp, pp or ep, or use a pipeline: "
+                "run them as device groups of one job (ranks numbered group by group, as listed)\n");
   }
+  // The same split as device groups, each in its own layout: the recipe
+  // section that runs it (docs/planning.md, "Device groups").
+  std::printf("\nparallel.groups for the split by speed (ptrain run %s --nproc %lld, with this in the recipe):\n",
+              recipePath.c_str(), static_cast<long long>(devices));
+  std::printf("parallel:\n  groups:\n");
+  const char* strongest = "none";
+  bool distributed = false;
+  std::vector<std::string> notes;
+  for (const auto& p : hp.balanced) {
+    const plan::Layout& l = p.best.layout;
+    std::string name = p.group.device.name;
+    std::replace(name.begin(), name.end(), ' ', '_');
+    std::printf("    - {name: %s, ranks: %lld, tensor_model_parallel_size: %lld, pipeline_model_parallel_size: %lld, "
+                "micro_batch_size: %lld, share: %lld}\n",
+                name.c_str(), static_cast<long long>(p.group.count), static_cast<long long>(l.tp),
+                static_cast<long long>(l.pp), static_cast<long long>(l.micro_batch), static_cast<long long>(p.rows));
+    if (l.recompute == "full" || (l.recompute == "selective" && std::string(strongest) == "none"))
+      strongest = l.recompute == "full" ? "full" : "selective";
+    if (l.vpp > 1) notes.push_back(name + "'s interleaving (vpp " + std::to_string(l.vpp) + ") is not taken per group: it runs 1f1b");
+    distributed = distributed || l.distributed_optimizer;
+    if (l.offload_params) notes.push_back(name + "'s plan offloads parameters: offload.params is the job's, set it for every group");
+  }
+  if (std::string(strongest) != "none") {
+    std::printf("model:\n  recompute: %s   # the job's: the strongest any group's plan needs\n", strongest);
+  }
+  if (distributed) {
+    std::printf("optimizer:\n  distributed: true   # the job's: a group's plan shards the optimizer\n");
+  }
+  for (const auto& n : notes) std::printf("# %s\n", n.c_str());
   return 0;
 }
 

@@ -80,6 +80,7 @@ Communicator::Communicator(const RankEnv& env, ParallelLayout layout, PluginRegi
   store_ = createTcpStore(storeOptions);
 
   backendPlugin_ = registry.create(plugin_kind::kComm, options.backend, ctx, "communication.backend");
+  backend_ = backendPlugin_.get();
   std::vector<int> all(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;
   world_ = groupOf("world", all);
@@ -98,22 +99,42 @@ std::unique_ptr<Communicator> Communicator::loopback(const ParallelLayout& layou
 
 Communicator::~Communicator() = default;
 
+std::unique_ptr<Communicator> Communicator::part(int first, int size, const ParallelLayout& layout) {
+  PTRAIN_CHECK(rank_ >= first && rank_ < first + size, "rank ", rank_, " is not in ranks [", first, ", ",
+               first + size, ")");
+  PTRAIN_CHECK(layout.world() == size, "layout ", layout.describe(), " is not for ", size, " ranks");
+  std::unique_ptr<Communicator> sub(new Communicator());
+  sub->rank_ = rank_ - first;
+  sub->offset_ = offset_ + first;
+  sub->timeout_ = timeout_;
+  sub->store_ = store_;
+  sub->backend_ = backend_;
+  std::vector<int> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(sub->offset_ + r);
+  // Made by this communicator: a part spanning all of it is its world.
+  std::string name = "part[";
+  for (size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
+  sub->world_ = groupOf(name + "]", ranks);
+  sub->main_ = sub->groupsFor(layout);
+  return sub;
+}
+
 std::shared_ptr<ProcessGroup> Communicator::groupOf(const std::string& name, const std::vector<int>& ranks) {
   auto it = byName_.find(name);
   if (it != byName_.end()) return it->second;
   std::shared_ptr<ProcessGroup> group;
   if (world_ && ranks.size() == static_cast<size_t>(world_->size())) {
     group = world_;  // a layout group spanning every rank is the world
-  } else if (ranks.size() == 1 || !backendPlugin_) {
+  } else if (ranks.size() == 1 || backend_ == nullptr) {
     // One member needs no backend: its collectives are identities.
-    group = std::make_shared<SelfGroup>(name, rank_, timeout_);
+    group = std::make_shared<SelfGroup>(name, rank_ + offset_, timeout_);
   } else {
     GroupOptions g;
     g.name = name;
     g.ranks = ranks;
-    g.global_rank = rank_;
+    g.global_rank = rank_ + offset_;
     g.timeout = timeout_;
-    group = static_cast<CommBackend*>(backendPlugin_.get())->createGroup(store_, g);
+    group = static_cast<CommBackend*>(backend_)->createGroup(store_, g);
   }
   byName_.emplace(name, group);
   return group;
@@ -133,6 +154,7 @@ std::shared_ptr<const LayoutGroups> Communicator::groupsFor(const ParallelLayout
   std::map<std::vector<int>, std::shared_ptr<ProcessGroup>> byRanks;
   for (GroupKind kind : kAllKinds) {
     auto ranks = layout.groupOf(kind, rank_);
+    for (int& r : ranks) r += offset_;  // the job's numbering
     auto same = byRanks.find(ranks);
     groups[kind] = same != byRanks.end() ? same->second : groupOf(ParallelLayout::groupName(kind, ranks), ranks);
     byRanks.emplace(ranks, groups[kind]);

@@ -29,7 +29,7 @@ at::ScalarType gatherDtype(const std::vector<at::Tensor>& params) {
 DistributedOptimizer::DistributedOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named,
                                            const OptimizerOptions& options, const Placement& placement,
                                            const LayoutGroups& groups, int64_t bucketBytes, bool overlap,
-                                           bool gradientViews) {
+                                           bool gradientViews, bool wholeSums) {
   torch::NoGradGuard noGrad;
   const ParallelLayout& layout = groups.layout();
   GradientBuffer::Options bufferOptions;
@@ -37,6 +37,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<std::pair<std::stri
   bufferOptions.bucket_bytes = bucketBytes;
   bufferOptions.overlap = overlap;
   bufferOptions.gradient_views = gradientViews;
+  bufferOptions.whole_sums = wholeSums;
   bufferOptions.skip_single_member_groups = false;  // a whole range is still the optimizer's
   if (!named.empty()) bufferOptions.device = named.front().second.device();
   buffer_ = std::make_unique<GradientBuffer>(named, placement, groups, bufferOptions);

@@ -28,6 +28,7 @@
 #include "ptrain/core/device.h"
 #include "ptrain/engine/op_counter.h"
 #include "ptrain/engine/recipe_layout.h"
+#include "ptrain/layout/device_groups.h"
 #include "ptrain/engine/trainer.h"
 #include "ptrain/engine/weights_source.h"
 #include "ptrain/plugin/registry.h"
@@ -208,6 +209,14 @@ TrainingSession::TrainingSession(PreparedRecipe& prepared, const RankEnv& env, E
       static_cast<int64_t>(recipe.getFloat("communication.timeout_s") * 1000.0));
   comm_ = std::make_unique<Communicator>(env, layoutFromRecipe(recipe, env.world_size), *prepared_.registry, ctx,
                                          commOptions);
+  if (recipe.has("parallel.groups")) {
+    // Each group on its own part of the job (checked by prepareRecipe).
+    deviceGroups_ = std::make_shared<const DeviceGroups>(deviceGroupsOf(layoutRequestFromRecipe(recipe, env.world_size)));
+    deviceGroup_ = deviceGroups_->indexOf(env.rank);
+    const DeviceGroup& mine = (*deviceGroups_)[deviceGroup_];
+    groupComm_ = comm_->part(mine.first_rank, mine.sizes.world, ParallelLayout(mine.sizes));
+    if (env.rank == 0) logger()->info("device groups: {}", deviceGroups_->describe());
+  }
   metrics_ = std::make_unique<Metrics>(isRankZero() ? (fs::path(runDir()) / "metrics.jsonl").string() : "");
   if (isRankZero() && recipe.getBool("log.tensorboard")) {
     const std::string dir = (fs::path(runDir()) / "tensorboard").string();
@@ -345,11 +354,19 @@ void TrainingSession::stopAfterSave(int64_t step) {
                                        "--run-dir ", runDir()));
 }
 
+const DeviceGroup* TrainingSession::deviceGroup() const {
+  return deviceGroups_ ? &(*deviceGroups_)[deviceGroup_] : nullptr;
+}
+
 RuntimeOptions TrainingSession::runtimeOptions() const {
   const Recipe& recipe = prepared_.recipe;
   RuntimeOptions o;
   o.name = "model";
   o.layout = comm_->layout();
+  if (deviceGroups_) {
+    o.layout = groupComm_->layout();
+    o.device_groups = RuntimeOptions::DeviceGroupRun{deviceGroups_, deviceGroup_, comm_->groups().worldGroup()};
+  }
   o.device = device_;
   o.seed = static_cast<uint64_t>(recipe.getInt("train.seed"));
   o.precision = recipe.getString("precision.name");
@@ -368,8 +385,10 @@ RuntimeOptions TrainingSession::runtimeOptions() const {
 
 std::unique_ptr<ModelRuntime> TrainingSession::makeRuntime(RuntimeOptions options) {
   Trainer& t = trainer();
+  // A device group's runtime lives on the group's part of the job.
+  Communicator& comm = options.device_groups && groupComm_ ? *groupComm_ : *comm_;
   return std::make_unique<ModelRuntime>(
-      *comm_, registry(), [&t](const ModelBuild& build) { return t.buildModel(build); }, std::move(options));
+      comm, registry(), [&t](const ModelBuild& build) { return t.buildModel(build); }, std::move(options));
 }
 
 void TrainingSession::writeMetrics(const std::string& kind, nlohmann::json row) {
@@ -471,6 +490,31 @@ void TrainingSession::addFigures(TrainSummary& summary) {
     for (const auto& [phase, seconds] : summary.phase_s) row["time_" + phase + "_s"] = seconds;
   }
   if (summary.mfu >= 0) row["mfu"] = summary.mfu;
+  if (deviceGroups_ && summary.steps > 0) {
+    // Each group's seconds a step: busy (its own passes, reductions and
+    // update) and waiting in the exchange for the others. The slowest group
+    // is the busiest; `ptrain doctor` names it.
+    at::Tensor times = torch::tensor({summary.step_time_s - summary.cross_group_s, summary.cross_group_s},
+                                     torch::kFloat64).to(device_);
+    at::Tensor everyone = torch::empty({2 * world.size()}, times.options());
+    world.allgather(everyone, times)->wait();
+    const at::Tensor perRank = everyone.cpu().view({world.size(), 2});
+    nlohmann::json groups = nlohmann::json::array();
+    const auto steps = static_cast<double>(summary.steps);
+    for (const DeviceGroup& g : deviceGroups_->groups()) {
+      double busy = 0, wait = 0;
+      for (int r = g.first_rank; r < g.first_rank + g.sizes.world; ++r) {
+        busy += perRank[r][0].item<double>();
+        wait += perRank[r][1].item<double>();
+      }
+      groups.push_back({{"name", g.name},
+                        {"ranks", g.sizes.world},
+                        {"share", g.share},
+                        {"busy_s", busy / g.sizes.world / steps},
+                        {"wait_s", wait / g.sizes.world / steps}});
+    }
+    row["device_groups"] = std::move(groups);
+  }
   writeMetrics("summary", std::move(row));
   summary.startup_s = figures_.startup_s;
   summary.checkpoint_saves = figures_.checkpoint_saves;
@@ -497,6 +541,8 @@ class OneModelTask final : public TrainingTask {
     const Recipe& recipe = session.recipe();
     globalBatch_ = recipe.getInt("train.global_batch_size");
     micro_ = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size") : 0;
+    // A device group's own micro-batch size (parallel.groups).
+    if (const DeviceGroup* group = session.deviceGroup(); group && group->micro_batch_size) micro_ = *group->micro_batch_size;
   }
 
   std::vector<ModelRuntime*> checkpointed() override { return {runtime_.get()}; }
@@ -630,7 +676,7 @@ TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const
   const at::Device device = session.device();
   const std::string rateKey = unit + "_per_s";
 
-  double itemsTotal = 0, timeTotal = 0;
+  double itemsTotal = 0, timeTotal = 0, crossGroupSeconds = 0;
   PhaseTotals totals;
   while (step < steps) {
     if (profiler) profiler->beforeStep(step + 1);
@@ -694,6 +740,7 @@ TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const
     timeTotal += trainingTime;
     totals.add(phases);
     totals.steps_s += stepTime;
+    if (report.metrics.contains("cross_group_s")) crossGroupSeconds += report.metrics["cross_group_s"].get<double>();
     totals.training_s += trainingTime;
     double mfu = -1;
     if (countsFlops) {
@@ -738,6 +785,7 @@ TrainSummary runTrainingLoop(TrainingSession& session, TrainingTask& task, const
   summary.steps = step;
   summary.tokens_per_s = timeTotal > 0 ? itemsTotal / timeTotal : 0;
   summary.step_time_s = totals.steps_s;
+  summary.cross_group_s = crossGroupSeconds;
   for (size_t p = 0; p < totals.seconds.size(); ++p) summary.phase_s[phaseName(static_cast<Phase>(p))] = totals.seconds[p];
   if (countsFlops && totals.training_s > 0) summary.mfu = totals.flops / totals.training_s / (peakFlops * world);
   summary.wall_s = seconds(wallStart);

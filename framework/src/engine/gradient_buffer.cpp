@@ -189,7 +189,7 @@ void GradientBuffer::launch(size_t s, size_t index) {
   adopt(b);  // a gradient replaced since beforeBackward is copied in
   b.launched = true;
   const int64_t bytes = b.data.numel() * static_cast<int64_t>(b.data.element_size());
-  if (options_.reduction == Reduction::kAllReduce) {
+  if (options_.reduction == Reduction::kAllReduce || options_.whole_sums) {
     b.work = b.group->allreduce(b.data);
   } else if (b.group->size() > 1) {
     at::Tensor out = b.data.narrow(0, b.group->rank() * b.shard, b.shard);

@@ -43,6 +43,15 @@ ParallelPluginPick pickParallelPlugins(const LayoutSizes& sizes, bool experts, P
 }
 
 std::vector<std::string> checkParallelPlugins(const LayoutRequest& request, PluginRegistry& registry) {
+  if (!request.groups.empty()) {
+    // Every device group's own layout, each problem once.
+    std::vector<std::string> out;
+    for (size_t i = 0; i < request.groups.size(); ++i) {
+      for (auto& line : checkParallelPlugins(groupRequest(request, i), registry))
+        if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(std::move(line));
+    }
+    return out;
+  }
   // The dense model ignores the expert sizes (layoutWarnings says so, and
   // checkLayout refuses ep > 1 there).
   const bool moe = request.num_experts.value_or(0) > 0;

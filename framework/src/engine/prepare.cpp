@@ -167,7 +167,11 @@ PreparedRecipe prepareRecipe(const std::string& path, const std::vector<std::str
   out.warnings = layoutWarnings(layout);
   const LayoutPlan sized = planLayout(layout);
   for (auto& w : memorySettingWarnings(out.recipe, sized.dp, sized.edp)) out.warnings.push_back(std::move(w));
-  checkModelBuildsSlices(out.recipe, layout, *out.trainer);
+  if (layout.groups.empty()) {
+    checkModelBuildsSlices(out.recipe, layout, *out.trainer);
+  } else {
+    for (size_t i = 0; i < layout.groups.size(); ++i) checkModelBuildsSlices(out.recipe, groupRequest(layout, i), *out.trainer);
+  }
   checkWeightsSource(out.recipe, *out.trainer);
   return out;
 }

@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 
+#include "ptrain/core/text.h"
 #include "ptrain/recipe/recipe.h"
 
 namespace ptrain {
@@ -11,6 +12,76 @@ namespace {
 std::optional<int64_t> optionalInt(const Recipe& recipe, const char* key) {
   if (!recipe.has(key)) return std::nullopt;
   return recipe.getInt(key);
+}
+
+// parallel.groups' entries into the request, each problem one line at the
+// entry's key.
+void readGroups(const Recipe& recipe, LayoutRequest& q) {
+  const std::string key = "parallel.groups";
+  const auto entries = recipe.getMapList(key);
+  if (entries.empty()) {
+    q.group_problems.push_back(recipe.location(key).str() + ": " + key +
+                               " is empty: give one entry per device group, e.g. [{ranks: 4, "
+                               "tensor_model_parallel_size: 2}, {ranks: 2}], or remove it");
+    return;
+  }
+  // What the runtime cannot combine yet is refused here, so `ptrain check`
+  // says it before `ptrain run` would.
+  const auto on = [&](const char* key) { return recipe.has(key) && recipe.getBool(key); };
+  for (const char* key : {"offload.grads", "offload.params"}) {
+    if (!on(key)) continue;
+    q.group_problems.push_back(recipe.location(key).str() + ": " + key +
+                               ": device groups (parallel.groups) sum the gradients where backward leaves them, "
+                               "which offloaded gradients and parameters move away: set it to false (offload.optimizer "
+                               "works with groups)");
+  }
+  const char* known = "name, ranks, tensor_model_parallel_size, pipeline_model_parallel_size, micro_batch_size, share";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Recipe::MapEntry& entry = entries[i];
+    const std::string path = key + "[" + std::to_string(i) + "]";
+    LayoutRequest::Group g;
+    g.where = entry.at.str();
+    bool hasRanks = false;
+    for (const Recipe::MapField& f : entry.fields) {
+      const std::string at = f.at.str() + ": " + path + "." + f.key + ": ";
+      auto wholeAtLeastOne = [&](int64_t* out) {
+        int64_t v = 0;
+        if (!text::parseInt(f.value, &v) || v < 1) {
+          q.group_problems.push_back(at + "expected an integer >= 1, got '" + f.value + "'");
+          return false;
+        }
+        *out = v;
+        return true;
+      };
+      if (f.key == "name") {
+        g.name = f.value;
+      } else if (f.key == "ranks") {
+        wholeAtLeastOne(&g.ranks);
+        hasRanks = true;
+      } else if (f.key == "tensor_model_parallel_size") {
+        wholeAtLeastOne(&g.tp);
+      } else if (f.key == "pipeline_model_parallel_size") {
+        wholeAtLeastOne(&g.pp);
+      } else if (f.key == "micro_batch_size") {
+        int64_t v = 0;
+        if (wholeAtLeastOne(&v)) g.micro_batch_size = v;
+      } else if (f.key == "share") {
+        double v = 0;
+        if (!text::parseFloat(f.value, &v) || !(v > 0)) {
+          q.group_problems.push_back(at + "expected a number > 0, got '" + f.value + "'");
+        } else {
+          g.share = v;
+        }
+      } else {
+        q.group_problems.push_back(at + "unknown key; a device group takes " + known);
+      }
+    }
+    if (!hasRanks) {
+      q.group_problems.push_back(entry.at.str() + ": " + path +
+                                 ": no ranks: give the group's rank count, e.g. ranks: 4");
+    }
+    q.groups.push_back(std::move(g));
+  }
 }
 
 }  // namespace
@@ -39,6 +110,7 @@ LayoutRequest layoutRequestFromRecipe(const Recipe& recipe, int worldSize) {
   q.global_batch_size = recipe.getInt("train.global_batch_size");
   q.micro_batch_size = optionalInt(recipe, "train.micro_batch_size");
   if (recipe.has("parallel.data_parallel_shares")) q.data_parallel_shares = recipe.getFloatList("parallel.data_parallel_shares");
+  if (recipe.has("parallel.groups")) readGroups(recipe, q);
 
   for (const auto& key : recipe.keysUnder("")) {
     if (recipe.isExplicit(key)) q.written.insert(key);

@@ -12,11 +12,13 @@
 #include "ptrain/core/logging.h"
 #include "ptrain/core/phase_timer.h"
 #include "ptrain/core/resources.h"
+#include "ptrain/engine/cross_group_gradients.h"
 #include "ptrain/engine/distributed_optimizer.h"
 #include "ptrain/engine/parallel.h"
 #include "ptrain/engine/parallel_plugins.h"
 #include "ptrain/engine/precision.h"
 #include "ptrain/engine/trainer.h"
+#include "ptrain/layout/device_groups.h"
 #include "ptrain/layout/validation.h"
 #include "ptrain/nn/deferred_init.h"
 #include "ptrain/nn/recompute.h"
@@ -249,9 +251,12 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
       const bool overlap = options_.recipe ? options_.recipe->getBool("parallel.overlap_grad_reduce") : true;
       // Offloaded gradients rest in the offload tier, not in the buffer.
       const bool gradientViews = !options_.offload.grads && !options_.offload.params;
+      // Device groups sum whole gradients across the groups (below) before
+      // the optimizer steps on its range: the buckets are all-reduced inside
+      // the group, and the parameters' gradients must be views of them.
       distributed_ = std::make_shared<DistributedOptimizer>(model_->localParameters(), optimizerOptions,
                                                             model_->placement, *groups_, bucketBytes, overlap,
-                                                            gradientViews);
+                                                            gradientViews, options_.device_groups.has_value());
       optimizer_ = &distributed_->local();
       countedInNorm_ = distributed_->countedInNorm();
       // Right after the precision plugin: its finishGradients (hooks unwind
@@ -279,6 +284,27 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
   }
 
   if (offload != nullptr && optimizer_ != nullptr) offload->attachOptimizer(*optimizer_);
+
+  if (options_.device_groups && optimizer_ != nullptr) {
+    const auto& run = *options_.device_groups;
+    PTRAIN_CHECK_AS(ConfigError, !options_.offload.grads && !options_.offload.params,
+                    "parallel.groups: device groups sum the gradients where backward leaves them; set offload.grads "
+                    "and offload.params to false");
+    std::vector<CrossGroupGradients::Held> held;
+    for (auto& [name, p] : model_->localParameters()) {
+      if (!p.requires_grad()) continue;
+      const ParameterPlacement& where = model_->placement.of(name);
+      PTRAIN_CHECK_AS(ConfigError, !where.row_sparse_gradient, "parallel.groups: parameter '", name,
+                      "' has row-sparse gradients (an embedding table), which device groups do not sum yet; "
+                      "remove parallel.groups");
+      held.push_back(CrossGroupGradients::Held{name, p, where.fullSizes(p.sizes()), where.offsets(p.sizes())});
+    }
+    crossGroup_ = std::make_shared<CrossGroupGradients>(std::move(held), *run.groups, run.group, run.job);
+    // Right after the precision plugin: its finishGradients (hooks unwind in
+    // reverse) comes after the sum, every parallel plugin's and the
+    // distributed optimizer's (its whole-sum all-reduces) before it.
+    hooks_.insert(hooks_.begin() + 1, crossGroup_.get());
+  }
 }
 
 ModelRuntime::~ModelRuntime() {
@@ -316,6 +342,20 @@ void ModelRuntime::addHooks(std::shared_ptr<StepHooks> hooks) {
 std::pair<int64_t, int64_t> ModelRuntime::dataRows(int64_t rows) const {
   auto dpGroup = groups_->group(GroupKind::kData);
   const int64_t dp = dpGroup->size();
+  if (options_.device_groups) {
+    // The group's rows of the global batch, then an even split over its
+    // data-parallel ranks.
+    const auto& run = *options_.device_groups;
+    const auto ranges = run.groups->rows(rows);
+    PTRAIN_CHECK_AS(ConfigError, ranges.has_value(), "a global batch of ", rows,
+                    " rows does not split by the device groups' shares");
+    const auto [first, last] = (*ranges)[static_cast<size_t>(run.group)];
+    const auto split = dataParallelRows(last - first, dp, {});
+    PTRAIN_CHECK_AS(ConfigError, split.has_value(), "device group ", (*run.groups)[run.group].name, "'s ",
+                    last - first, " rows do not split over its ", dp, " data-parallel ranks");
+    const int64_t begin = first + dpGroup->rank() * (*split)[0];
+    return {begin, begin + (*split)[0]};
+  }
   // Uneven shares need no other care: every micro-batch's loss is divided by
   // the count of the whole global batch, so the sum over ranks is the
   // single-rank gradient whatever each rank took.
@@ -343,6 +383,14 @@ std::vector<Batch> ModelRuntime::microBatches(const Batch& globalBatch, int64_t 
 }
 
 std::vector<double> ModelRuntime::sumOverDataParallel(const std::vector<double>& values) const {
+  if (options_.device_groups && !values.empty()) {
+    // Every data-parallel replica of every group once: its first model-parallel rank.
+    at::Tensor t = torch::tensor(values, torch::kFloat64).to(device());
+    if (groups_->indexIn(GroupKind::kModel) != 0) t.zero_();
+    options_.device_groups->job->allreduce(t)->wait();
+    const at::Tensor host = t.cpu();
+    return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  }
   auto dpGroup = groups_->group(GroupKind::kData);
   if (dpGroup->size() == 1 || values.empty()) return values;
   at::Tensor t = torch::tensor(values, torch::kFloat64).to(device());
@@ -449,12 +497,26 @@ StepResult ModelRuntime::step(const StepInput& input) {
   if (dpGroup->size() > 1) dpGroup->allreduce(lossT)->wait();
   // Only the last pipeline stage computes the loss; the others add 0.
   if (ppGroup->size() > 1) ppGroup->allreduce(lossT)->wait();
+  if (options_.device_groups) {
+    // Each group's total once (from its rank 0), over the job.
+    if (comm_.rank() != 0) lossT.zero_();
+    options_.device_groups->job->allreduce(lossT)->wait();
+  }
   result.loss_sum = lossT.item<double>();
   result.loss = result.loss_sum / input.loss_divisor;
   // Each value is counted by one rank (countedInNorm_), so the world's sum is
   // the model's.
   std::function<void(at::Tensor&)> sumOverWorld;
-  if (comm_.worldSize() > 1) sumOverWorld = [this](at::Tensor& t) { comm_.world().allreduce(t)->wait(); };
+  if (options_.device_groups) {
+    // The groups hold the same gradient: group 0's norm, for every group
+    // (their own sums would differ in the last bits).
+    sumOverWorld = [this](at::Tensor& t) {
+      if (options_.device_groups->group != 0) t.zero_();
+      options_.device_groups->job->allreduce(t)->wait();
+    };
+  } else if (comm_.worldSize() > 1) {
+    sumOverWorld = [this](at::Tensor& t) { comm_.world().allreduce(t)->wait(); };
+  }
   const auto& params = optimizer_->parameters();
   result.grad_norm = globalGradNorm(params, sumOverWorld, countedInNorm_, device()) / lossScale;
   result.lr = learningRate(*options_.optimizer, optimizer_->stepCount());
@@ -546,6 +608,8 @@ RankShare ModelRuntime::checkpointShare() {
   const Placement& placement = model_->placement;
   const int rank = comm_.rank();
   RankShare share;
+  // Device groups hold the same model: group 0 writes it.
+  if (options_.device_groups && options_.device_groups->group != 0) return share;
   std::map<std::string, at::Tensor> owned;
   for (auto& [name, t] : model_->localParameters()) {
     // Each value once in the job: mirrors and replicas are another rank's.

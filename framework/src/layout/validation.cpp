@@ -187,9 +187,130 @@ std::optional<std::string> sharesProblem(const LayoutRequest& request, const Val
   return std::nullopt;
 }
 
+// "where: text" -> "where: parallel.groups[i] (name): text".
+std::string inGroup(std::string line, size_t index, const std::string& name) {
+  // A group's world is its ranks: say so in the layout's own messages.
+  if (line.find("world size ") != std::string::npos) {
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"world size ", "the group's "}, {" is not divisible by ", " ranks are not divisible by "},
+             {": use --nproc ", ": give it ranks: "}}) {
+      const size_t at = line.find(from);
+      if (at != std::string::npos) line.replace(at, from.size(), to);
+    }
+  }
+  // Its global batch is its rows of the job's.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"global_batch_size=", "the group's rows of global_batch_size="},
+           {"use global_batch_size ", "use shares that give it "}}) {
+    const size_t at = line.find(from);
+    if (at != std::string::npos) line.replace(at, from.size(), to);
+  }
+  const std::string tag = "parallel.groups[" + std::to_string(index) + "] (" + name + "): ";
+  const size_t cut = line.find(": ");
+  if (cut == std::string::npos) return tag + line;
+  return line.substr(0, cut + 2) + tag + line.substr(cut + 2);
+}
+
+std::string groupName(const LayoutRequest::Group& g, size_t index) {
+  return g.name.empty() ? "group" + std::to_string(index) : g.name;
+}
+
+std::vector<double> groupShares(const LayoutRequest& request) {
+  std::vector<double> shares;
+  for (const auto& g : request.groups) shares.push_back(g.share > 0 ? g.share : static_cast<double>(g.ranks));
+  return shares;
+}
+
+std::vector<std::string> checkGroups(const LayoutRequest& request) {
+  std::vector<std::string> out = request.group_problems;
+  if (!out.empty()) return out;
+  const Values v(request);
+  auto n = [](int64_t x) { return std::to_string(x); };
+  const char* kGroups = "parallel.groups";
+  // Each group names its own; a job-wide one would be a second, silent answer.
+  for (const char* key : {kTp, kPp, kVpp, kCp, kEp, kEtp, kShares, kLayout}) {
+    if (!v.isWritten(key)) continue;
+    out.push_back(v.written(key) + key + " is set with parallel.groups, where each group has its own layout: " +
+                  "move it into the groups' entries (tensor_model_parallel_size, pipeline_model_parallel_size, "
+                  "micro_batch_size, share), or remove it");
+  }
+  if (Values::model(request.num_experts) > 0) {
+    out.push_back(v.at({kGroups}) + "parallel.groups trains dense models; this one has num_experts=" +
+                  n(*request.num_experts) + " (expert models with device groups are not built yet): remove "
+                  "parallel.groups, or train a dense model");
+  }
+  int64_t ranks = 0;
+  for (const auto& g : request.groups) ranks += g.ranks;
+  if (ranks != request.world) {
+    out.push_back(v.at({kGroups}) + "the device groups have " + n(ranks) + " ranks in all, the job " +
+                  n(request.world) + ": run with --nproc " + n(ranks) + " (launch.nproc), or change the groups' ranks");
+  }
+  const auto shares = groupShares(request);
+  const auto rows = dataParallelRows(request.global_batch_size, static_cast<int64_t>(shares.size()), shares);
+  if (!rows) {
+    std::string list;
+    for (double s : shares) list += (list.empty() ? "" : ", ") + text::formatNumber(s);
+    out.push_back(v.at({kGroups, kGlobal}) + "global_batch_size=" + n(request.global_batch_size) +
+                  " does not split by the device groups' shares [" + list +
+                  "] into whole rows: make global_batch_size a multiple of the shares' sum, or change the shares");
+    return out;
+  }
+  for (size_t i = 0; i < request.groups.size(); ++i) {
+    for (const auto& line : checkLayout(groupRequest(request, i))) {
+      out.push_back(inGroup(line, i, groupName(request.groups[i], i)));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
+LayoutRequest groupRequest(const LayoutRequest& request, size_t index) {
+  const LayoutRequest::Group& g = request.groups.at(index);
+  LayoutRequest q = request;
+  q.groups.clear();
+  q.group_problems.clear();
+  q.data_parallel_shares.clear();
+  q.world = g.ranks;
+  q.tp = g.tp;
+  q.pp = g.pp;
+  q.vpp = 1;
+  q.ep = q.etp = q.cp = 1;
+  if (g.micro_batch_size) q.micro_batch_size = g.micro_batch_size;
+  const auto shares = groupShares(request);
+  const auto rows = dataParallelRows(request.global_batch_size, static_cast<int64_t>(shares.size()), shares);
+  q.global_batch_size = rows ? (*rows)[index] : 0;
+  // The group's own sizes are written at its entry.
+  const std::string entry = g.where;
+  auto outer = request.where;
+  for (const char* key : {kTp, kPp, kMicro}) q.written.insert(key);
+  q.where = [entry, outer](const std::string& key) {
+    if (!entry.empty() && (key == kTp || key == kPp || key == kMicro || key == kGlobal)) return entry;
+    return outer ? outer(key) : entry;
+  };
+  return q;
+}
+
+DeviceGroups deviceGroupsOf(const LayoutRequest& request) {
+  std::vector<DeviceGroup> groups;
+  const auto shares = groupShares(request);
+  for (size_t i = 0; i < request.groups.size(); ++i) {
+    const auto& g = request.groups[i];
+    DeviceGroup d;
+    d.name = groupName(g, i);
+    d.sizes.world = static_cast<int>(g.ranks);
+    d.sizes.tp = static_cast<int>(g.tp);
+    d.sizes.pp = static_cast<int>(g.pp);
+    d.micro_batch_size = g.micro_batch_size ? g.micro_batch_size : request.micro_batch_size;
+    d.share = shares[i];
+    d.where = g.where;
+    groups.push_back(std::move(d));
+  }
+  return DeviceGroups(std::move(groups));
+}
+
 std::vector<std::string> checkLayout(const LayoutRequest& request) {
+  if (!request.groups.empty() || !request.group_problems.empty()) return checkGroups(request);
   std::vector<std::string> out;
   const Values v(request);
   if (request.world < 1) {
@@ -370,6 +491,15 @@ std::vector<std::string> checkLayout(const LayoutRequest& request) {
 std::vector<std::string> layoutWarnings(const LayoutRequest& request) {
   std::vector<std::string> out;
   if (request.world < 1) return out;
+  if (!request.groups.empty()) {
+    if (!checkLayout(request).empty()) return out;
+    for (size_t i = 0; i < request.groups.size(); ++i) {
+      for (const auto& line : layoutWarnings(groupRequest(request, i))) {
+        out.push_back(inGroup(line, i, groupName(request.groups[i], i)));
+      }
+    }
+    return out;
+  }
   const Values v(request);
   if (v.sequenceParallel && v.tp == 1) {
     out.push_back(v.at({kSp}) + "sequence_parallel has no effect with tensor_model_parallel_size=1; it is ignored");
@@ -402,6 +532,7 @@ std::vector<std::string> layoutWarnings(const LayoutRequest& request) {
 LayoutPlan planLayout(const LayoutRequest& request) {
   std::vector<std::string> problems = checkLayout(request);
   if (!problems.empty()) throw ConfigError(problems.front());
+  if (!request.groups.empty()) return planLayout(groupRequest(request, 0));
   const Values v(request);
   LayoutPlan plan;
   plan.sizes.world = static_cast<int>(v.world);

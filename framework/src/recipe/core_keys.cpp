@@ -80,6 +80,12 @@ void describeCoreKeys(Schema& s) {
               {"1f1b", "interleaved", "gpipe"}));
   s.add(atLeast(key("parallel.pipeline_layout", T::kIntList, "", "Blocks per pipeline stage (pp * vpp entries summing to num_layers); not set: runs of equal parameter count, the even split for identical blocks."), 0));
   s.add(above(key("parallel.data_parallel_shares", T::kFloatList, "", "Each data-parallel rank's weight in the split of the global batch (rank i takes global_batch_size * share_i / sum rows, whole micro-batches), for ranks of unequal speed; not set: an even split."), 0));
+  s.add(key("parallel.groups", T::kMapList, "",
+            "Device groups of one job, in rank order, each a whole replica of the model in its own layout: "
+            "[{name: a100, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 1, "
+            "micro_batch_size: 2, share: 3}, ...] (share: its weight in the split of the global batch, default its "
+            "rank count); gradients are summed across the groups, so every group trains the same model "
+            "(docs/planning.md)."));
   s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buffer's buckets, each reduced over the data-parallel group in one collective (an all-reduce, or the distributed optimizer's reduce-scatter)."), 0));
   s.add(key("parallel.overlap_grad_reduce", T::kBool, "true", "Reduce each gradient bucket as soon as backward has produced it, while backward goes on (the data plugin's all-reduce and the distributed optimizer's reduce-scatter alike); false: all after backward. The results are the same bit for bit."));
 

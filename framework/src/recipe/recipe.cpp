@@ -664,6 +664,26 @@ std::vector<std::string> Recipe::getStringList(const std::string& key) const {
   return out;
 }
 
+std::vector<Recipe::MapEntry> Recipe::getMapList(const std::string& key) const {
+  PTRAIN_RECIPE_LEAF(key);
+  std::vector<MapEntry> out;
+  for (const auto& n : seqOf(key, *leaf, "a list of mappings")) {
+    if (!n.IsMap()) badValue(key, *leaf, n, "a list of mappings");
+    MapEntry entry;
+    entry.at = leaf->value_loc.line > 0 ? at(leaf->value_loc.file, n.Mark()) : leaf->value_loc;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (!it->first.IsScalar() || !it->second.IsScalar()) badValue(key, *leaf, n, "a list of mappings of single values");
+      MapField field;
+      field.key = it->first.Scalar();
+      field.value = it->second.Scalar();
+      field.at = leaf->value_loc.line > 0 ? at(leaf->value_loc.file, it->first.Mark()) : leaf->value_loc;
+      entry.fields.push_back(std::move(field));
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 #undef PTRAIN_RECIPE_LEAF
 
 std::vector<std::string> Recipe::keysUnder(const std::string& prefix) const {

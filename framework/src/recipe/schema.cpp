@@ -22,6 +22,7 @@ const char* toString(ValueType type) {
     case ValueType::kFloatList: return "float list";
     case ValueType::kStringList: return "string list";
     case ValueType::kMap: return "map";
+    case ValueType::kMapList: return "map list";
   }
   return "?";
 }
@@ -50,7 +51,8 @@ ValueType elementType(ValueType t) {
 // else something inside the range.
 std::string exampleScalar(const KeySpec& spec, ValueType t) {
   if (!spec.choices.empty()) return spec.choices.front();
-  if (!spec.default_value.empty() && !isListType(spec.type) && spec.type != ValueType::kMap)
+  if (!spec.default_value.empty() && !isListType(spec.type) && spec.type != ValueType::kMap &&
+      spec.type != ValueType::kMapList)
     return spec.default_value;
   switch (t) {
     case ValueType::kInt: {
@@ -128,6 +130,7 @@ std::string Schema::typeDescription(ValueType type) {
     case ValueType::kFloatList: return "a list of numbers";
     case ValueType::kStringList: return "a list of strings";
     case ValueType::kMap: return "a mapping";
+    case ValueType::kMapList: return "a list of mappings";
   }
   return "a value";
 }
@@ -148,6 +151,24 @@ std::string Schema::checkValue(const KeySpec& spec, const YAML::Node& value, int
   if (spec.type == ValueType::kMap) {
     if (value.IsMap()) return "";
     return "expected a mapping, got " + text::describeNode(value) + "; write keys below it, e.g. {key: value}";
+  }
+  if (spec.type == ValueType::kMapList) {
+    if (!value.IsSequence()) {
+      return "expected a list of mappings, got " + text::describeNode(value) + "; write [{key: value, ...}, ...]";
+    }
+    int index = 0;
+    for (const auto& item : value) {
+      bool flat = item.IsMap();
+      if (flat)
+        for (auto it = item.begin(); it != item.end(); ++it) flat = flat && it->first.IsScalar() && it->second.IsScalar();
+      if (!flat) {
+        if (badElement) *badElement = index;
+        return "entry " + std::to_string(index + 1) + " is " + text::describeNode(item) +
+               ", expected a mapping of single values; write {key: value, ...}";
+      }
+      ++index;
+    }
+    return "";
   }
   if (isListType(spec.type)) {
     ValueType et = elementType(spec.type);

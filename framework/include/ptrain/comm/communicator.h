@@ -76,6 +76,16 @@ class PTRAIN_API Communicator {
   // collective, so every rank asks for the same layouts in the same order.
   // Throws ConfigError when the layout is for another world size.
   std::shared_ptr<const LayoutGroups> groupsFor(const ParallelLayout& layout);
+  // The communicator of this communicator's ranks [first, first + size), for
+  // one device group of a job (parallel.groups): its world is those ranks'
+  // group, its ranks count from 0 (rank() - first), and the groups of every
+  // layout it is asked for hold the job's ranks underneath (so two device
+  // groups' "tp[0,1]" never meet). Only the members call it, together. It
+  // must not outlive this communicator. Throws InternalError when this rank
+  // is not in the range.
+  std::unique_ptr<Communicator> part(int first, int size, const ParallelLayout& layout);
+  // The job's rank of this communicator's rank 0 (0 unless made by part()).
+  int firstJobRank() const { return offset_; }
 
   // The rendezvous store every rank shares (rank 0 hosts it), for small
   // facts beside the collectives (the engine records each rank's step there,
@@ -84,9 +94,12 @@ class PTRAIN_API Communicator {
 
  private:
   Communicator() = default;
+  // `ranks` in the job's numbering.
   std::shared_ptr<ProcessGroup> groupOf(const std::string& name, const std::vector<int>& ranks);
 
   int rank_ = 0;
+  int offset_ = 0;             // the job's rank of rank 0 here
+  Plugin* backend_ = nullptr;  // backendPlugin_, or the parent's (part())
   Timeout timeout_{std::chrono::seconds(300)};
   std::shared_ptr<Store> store_;
   std::unique_ptr<Plugin> backendPlugin_;

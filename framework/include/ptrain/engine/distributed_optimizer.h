@@ -87,10 +87,11 @@ class PTRAIN_API DistributedOptimizer final : public StepHooks {
   // `overlap`: reduce-scatter buckets during backward
   // (parallel.overlap_grad_reduce); `gradientViews`: the parameters'
   // gradients become views of the buffer (off when an offload plugin keeps
-  // them elsewhere).
+  // them elsewhere); `wholeSums`: every member receives the whole buckets'
+  // sums (GradientBuffer::Options::whole_sums), for device groups.
   DistributedOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named, const OptimizerOptions& options,
                        const Placement& placement, const LayoutGroups& groups, int64_t bucketBytes = 16 << 20,
-                       bool overlap = true, bool gradientViews = true);
+                       bool overlap = true, bool gradientViews = true, bool wholeSums = false);
   ~DistributedOptimizer() override;
 
   // The optimizer over this rank's pieces (weight decay grouped as

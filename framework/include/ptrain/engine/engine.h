@@ -24,6 +24,8 @@ namespace ptrain {
 struct LayoutRequest;
 
 class Communicator;
+class DeviceGroups;
+struct DeviceGroup;
 class PluginRegistry;
 class Trainer;
 
@@ -88,6 +90,10 @@ struct TrainSummary {
   // of this run; they add up to step_time_s, the steps' seconds in all.
   std::map<std::string, double> phase_s;
   double step_time_s = 0;
+  // Under parallel.groups: this rank's seconds in the groups' gradient
+  // exchange over the same steps (CrossGroupGradients: the transfer, and the
+  // wait for a slower group).
+  double cross_group_s = 0;
   // Model FLOPs of the steps (Trainer::trainFlops) over their seconds and the
   // devices' peak (EngineOptions::device_peak_flops or the host's measured
   // product rate), as a fraction; < 0 where the trainer does not count them.
@@ -129,7 +135,13 @@ class PTRAIN_API TrainingSession {
   const Recipe& recipe() const { return prepared_.recipe; }
   Trainer& trainer() { return *prepared_.trainer; }
   PluginRegistry& registry() { return *prepared_.registry; }
+  // The job's communicator (every rank).
   Communicator& comm() { return *comm_; }
+  // Under parallel.groups (layout/device_groups.h): the groups, this rank's
+  // group and that group's own communicator, which its runtimes are built on
+  // (runtimeOptions, makeRuntime); null without groups.
+  const DeviceGroups* deviceGroups() const { return deviceGroups_.get(); }
+  const DeviceGroup* deviceGroup() const;
   const RankEnv& env() const { return env_; }
   const std::string& runDir() const { return options_.run_dir; }
   bool resuming() const { return options_.resume; }
@@ -216,6 +228,9 @@ class PTRAIN_API TrainingSession {
   EngineOptions options_;
   at::Device device_{at::kCPU};
   std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<const DeviceGroups> deviceGroups_;  // parallel.groups
+  int deviceGroup_ = 0;
+  std::unique_ptr<Communicator> groupComm_;  // the group's part of comm_
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;
   TrainSummary figures_;  // startup_s and the checkpoint_* fields

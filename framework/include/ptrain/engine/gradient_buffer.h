@@ -89,6 +89,11 @@ class PTRAIN_API GradientBuffer {
     // Leave out parameters whose group has one member (nothing to reduce);
     // the distributed optimizer keeps them (its ranges are then whole).
     bool skip_single_member_groups = true;
+    // With kReduceScatter: keep its layout (padded float32 buckets, each
+    // member's range), but give every member the whole bucket's sums (an
+    // all-reduce). For device groups (parallel.groups), whose exchange needs
+    // whole gradients before the distributed optimizer steps on its range.
+    bool whole_sums = false;
   };
 
   struct Member {

@@ -64,7 +64,10 @@
 namespace ptrain {
 
 class Communicator;
+class CrossGroupGradients;
+class DeviceGroups;
 class DistributedOptimizer;
+class ProcessGroup;
 class LayoutGroups;
 class ParallelPlugin;
 class PrecisionPlugin;
@@ -105,6 +108,20 @@ struct RuntimeOptions {
   const Recipe* recipe = nullptr;
   // The optimizer; nullopt: the model is not trained (step() refuses).
   std::optional<OptimizerOptions> optimizer;
+  // parallel.groups (layout/device_groups.h): this runtime is device group
+  // `group` of `groups`, built on the group's own communicator
+  // (Communicator::part) with the group's layout; `job` is the world of every
+  // group. The groups' gradients are summed over the job
+  // (engine/cross_group_gradients.h), the loss and sumOverDataParallel add up
+  // over every group, dataRows() is the group's rows of the global batch, the
+  // gradient norm is group 0's (the same gradient everywhere) and only group
+  // 0 writes checkpoints. Nullopt: the communicator's world is the job.
+  struct DeviceGroupRun {
+    std::shared_ptr<const DeviceGroups> groups;
+    int group = 0;
+    std::shared_ptr<ProcessGroup> job;
+  };
+  std::optional<DeviceGroupRun> device_groups;
 };
 
 // One training step's input.
@@ -240,6 +257,7 @@ class PTRAIN_API ModelRuntime {
   std::shared_ptr<StagedModel> model_;
   std::unique_ptr<Optimizer> ownOptimizer_;
   std::shared_ptr<DistributedOptimizer> distributed_;  // optimizer.distributed
+  std::shared_ptr<CrossGroupGradients> crossGroup_;    // parallel.groups
   Optimizer* optimizer_ = nullptr;  // ownOptimizer_, or distributed_'s local optimizer
   std::vector<bool> countedInNorm_;  // per optimizer parameter
   bool memoryReported_ = false;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ptrain/core/error.h"
+#include "ptrain/layout/device_groups.h"
 #include "ptrain/layout/parallel_layout.h"
 
 namespace ptrain {
@@ -56,6 +57,23 @@ struct LayoutRequest {
   // empty: an even split.
   std::vector<double> data_parallel_shares;
 
+  // parallel.groups (layout/device_groups.h): device groups of one job, in
+  // rank order, each a whole replica of the model in its own layout. Empty:
+  // the sizes above for every rank. With groups the job-wide sizes above stay
+  // at 1 and each group's own request (groupRequest) is checked instead.
+  struct Group {
+    std::string name;   // as written, else "group<i>"
+    std::string where;  // its entry, "file:line:col"
+    int64_t ranks = 0;
+    int64_t tp = 1, pp = 1;
+    std::optional<int64_t> micro_batch_size;  // unset: train.micro_batch_size
+    double share = 0;   // 0: its rank count
+  };
+  std::vector<Group> groups;
+  // Entries of parallel.groups that did not read (an unknown key, a value
+  // that is not a number), one line each; checkLayout reports them.
+  std::vector<std::string> group_problems;
+
   // Where messages point. `written` holds the dotted keys the user wrote (in
   // a file or on the command line) rather than left at their defaults; a
   // message about several keys blames the first of them found here, else the
@@ -87,7 +105,19 @@ struct LayoutPlan {
 PTRAIN_API std::optional<std::vector<int64_t>> dataParallelRows(int64_t global, int64_t dp,
                                                                const std::vector<double>& shares);
 
+// One device group's own request (request.groups[index]): its ranks as the
+// world, its sizes and micro-batch size, its rows of the global batch (0 when
+// the shares give no whole rows), the rest as the job's.
+PTRAIN_API LayoutRequest groupRequest(const LayoutRequest& request, size_t index);
+// The groups as the run uses them (rank ranges, shares; share 0 becomes the
+// rank count). Call on a request checkLayout accepts.
+PTRAIN_API DeviceGroups deviceGroupsOf(const LayoutRequest& request);
+
 // Every reason the layout cannot run, one line each; empty when it can.
+// With device groups: the groups' entries, the job-wide sizes they replace
+// (refused when written), their ranks against the world, the split of the
+// global batch by share, and each group's own layout (the checks below, on
+// groupRequest), each line naming the group.
 // Checks: the world splits into tp*pp*cp and into the expert grid
 // etp*ep*pp; num_layers splits into pp (times vpp), or pipeline_layout has
 // pp*vpp entries summing to num_layers; the schedule fits vpp;
@@ -107,7 +137,8 @@ PTRAIN_API std::vector<std::string> checkLayout(const LayoutRequest& request);
 PTRAIN_API std::vector<std::string> layoutWarnings(const LayoutRequest& request);
 
 // The resolved layout. Throws ConfigError with the first checkLayout()
-// message when the request does not fit. A dense model (num_experts unset or
+// message when the request does not fit. With device groups: the first
+// group's. A dense model (num_experts unset or
 // 0) gets ep = etp = 1.
 PTRAIN_API LayoutPlan planLayout(const LayoutRequest& request);
 

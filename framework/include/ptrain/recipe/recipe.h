@@ -97,6 +97,17 @@ class PTRAIN_API Recipe {
   std::vector<int64_t> getIntList(const std::string& key) const;
   std::vector<double> getFloatList(const std::string& key) const;
   std::vector<std::string> getStringList(const std::string& key) const;
+  // A list of mappings of single values (ValueType::kMapList), each entry
+  // with where it was written, for the reader's own one-line messages.
+  struct MapField {
+    std::string key, value;  // the value as written (a scalar)
+    SourceLocation at;       // where the key was written
+  };
+  struct MapEntry {
+    SourceLocation at;       // where the mapping starts
+    std::vector<MapField> fields;  // in the order written
+  };
+  std::vector<MapEntry> getMapList(const std::string& key) const;
 
   // A key's value as one line of YAML (flow style: "[1, 2]"), as written;
   // "" when the key has no value.

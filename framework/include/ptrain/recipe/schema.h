@@ -31,8 +31,10 @@ namespace ptrain {
 
 // kMap: a free-form mapping; every key below the path is accepted as is (the
 // plugin that owns it reads it with Recipe::keysUnder and the getters).
-enum class ValueType { kInt, kFloat, kBool, kString, kIntList, kFloatList, kStringList, kMap };
-// "int", "float", "bool", "string", "int list", "float list", "string list", "map".
+// kMapList: a list of mappings of single values (parallel.groups); the schema
+// checks the shape, whoever reads it (Recipe::getMapList) checks the keys.
+enum class ValueType { kInt, kFloat, kBool, kString, kIntList, kFloatList, kStringList, kMap, kMapList };
+// "int", "float", "bool", "string", "int list", "float list", "string list", "map", "map list".
 PTRAIN_API const char* toString(ValueType type);
 
 struct KeySpec {

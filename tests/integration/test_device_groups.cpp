@@ -1,0 +1,209 @@
+// Device groups (parallel.groups) end to end through the ptrain binary: one
+// job whose groups hold the model in different layouts (tp x pp, dp) and take
+// unequal shares of the global batch trains the one-rank model (1e-5 at step
+// 1, 1e-4 over 20 steps), with the plain and the distributed optimizer, in
+// fp32 and bf16; a checkpoint the groups saved resumes on one rank on the
+// same curve, and one rank's checkpoint resumes in the groups; the doctor
+// names the slowest group; `ptrain check` refuses groups that cannot run, one
+// line each, and accepts the shipped recipes (test_plan.cpp: and the section
+// `ptrain plan --cluster` prints).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using ptrain::test::relDiff;
+using ptrain::test::runPtrain;
+using ptrain::test::TempDir;
+
+namespace {
+
+// A tiny GPT: 4 layers (pp 2 takes two each), 4 heads (tp 2 takes two).
+const char* kRecipe = R"(
+name: tiny-groups
+trainer: {name: llm}
+model: {num_layers: 4, hidden_size: 32, num_attention_heads: 4, seq_length: 8, dropout: 0}
+data: {name: arithmetic, digits: 1, operations: [add], eval_size: 8}
+train: {steps: 20, global_batch_size: 24, micro_batch_size: 2, seed: 13, eval_every: 0, log_every: 5}
+optimizer: {name: adamw, lr: 0.003, lr_schedule: cosine, warmup_steps: 2, clip_grad: 1.0}
+log: {progress: none}
+)";
+
+// The 6-rank job: group a tp 2 x pp 2 (4 ranks), group b tp 2 (2 ranks), 2:1.
+const char* kSixRanks =
+    "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2, share: 2},"
+    " {name: b, ranks: 2, tensor_model_parallel_size: 2, share: 1}]";
+// The seed's shape scaled down: group a tp 2 x pp 2 on 4 ranks, group b
+// tp 1 x pp 2 x dp 2 on 4 ranks with its own micro-batch size.
+const char* kEightRanks =
+    "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2, share: 1},"
+    " {name: b, ranks: 4, pipeline_model_parallel_size: 2, micro_batch_size: 3, share: 1}]";
+
+using Curve = std::map<int, nlohmann::json>;
+
+Curve train(const std::string& recipe, const std::string& runDir, int nproc, std::vector<std::string> extra) {
+  const std::string n = std::to_string(nproc);
+  std::vector<std::string> args{"run", recipe, "--nproc", n, "--run-dir", runDir, "launch.nproc=" + n};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = runPtrain(args, {}, 600);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  Curve out;
+  for (const auto& [step, text] : ptrain::test::readTrainingSteps(runDir)) out[step] = nlohmann::json::parse(text);
+  return out;
+}
+
+void expectSameCurve(const Curve& reference, const Curve& run, const std::string& what, int from = 1) {
+  ASSERT_FALSE(run.empty()) << what;
+  for (const auto& [step, j] : reference) {
+    if (step < from) continue;
+    ASSERT_TRUE(run.count(step)) << what << ": no step " << step;
+    const double tolerance = step == 1 ? 1e-5 : 1e-4;
+    EXPECT_LT(relDiff(run.at(step)["loss"], j["loss"]), tolerance) << what << " step " << step;
+    EXPECT_LT(relDiff(run.at(step)["grad_norm"], j["grad_norm"]), tolerance) << what << " step " << step;
+  }
+}
+
+TEST(DeviceGroups, GroupsOfDifferentLayoutsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const Curve single = train(recipe, tmp.path() + "/single", 1, {});
+  ASSERT_EQ(single.size(), 20u);
+  expectSameCurve(single, train(recipe, tmp.path() + "/six", 6, {kSixRanks}), "6 ranks (tp2 x pp2 | tp2, 2:1)");
+  // The doctor names the group the others waited for.
+  auto doctor = runPtrain({"doctor", tmp.path() + "/six"});
+  EXPECT_EQ(doctor.exit_code, 0) << doctor.output;
+  EXPECT_NE(doctor.output.find("device groups: the slowest is "), std::string::npos) << doctor.output;
+  EXPECT_NE(doctor.output.find("shares that would even them: a "), std::string::npos) << doctor.output;
+  expectSameCurve(single, train(recipe, tmp.path() + "/eight", 8, {kEightRanks}),
+                  "8 ranks (tp2 x pp2 | pp2 x dp2, 1:1)");
+  // The shipped recipe runs here, on the quickstart's one-rank curve.
+  const std::string quickstart = ptrain::test::sourceDir() + "/configs/quickstart.yaml";
+  const std::string hetero = ptrain::test::sourceDir() + "/configs/llm/gpt_hetero.yaml";
+  const std::vector<std::string> brief{"train.steps=5", "train.eval_every=0", "checkpoint.save_final=false"};
+  expectSameCurve(train(quickstart, tmp.path() + "/quickstart", 1, brief),
+                  train(hetero, tmp.path() + "/hetero", 6, brief), "configs/llm/gpt_hetero.yaml");
+}
+
+// The distributed optimizer in every group (its buckets all-reduced inside
+// the group, summed across the groups, each rank stepping on its range): the
+// one-rank curve, like the plain optimizer.
+TEST(DeviceGroups, TheDistributedOptimizerInEveryGroupTrainsTheOneRankModel) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const Curve single = train(recipe, tmp.path() + "/single", 1, {});
+  expectSameCurve(single,
+                  train(recipe, tmp.path() + "/eight", 8,
+                        {kEightRanks, "optimizer.distributed=true", "parallel.grad_bucket_size_mb=0.001"}),
+                  "8 ranks, distributed optimizer");
+}
+
+TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const Curve single = train(recipe, tmp.path() + "/single", 1, {"precision.name=bf16", "train.steps=8"});
+  ASSERT_EQ(single.size(), 8u);
+  // bf16 rounds each layout's products differently: the float32 masters
+  // keep the curves within bf16's precision of each other.
+  const Curve six = train(recipe, tmp.path() + "/six", 6, {kSixRanks, "precision.name=bf16", "train.steps=8"});
+  ASSERT_EQ(six.size(), 8u);
+  for (const auto& [step, j] : single) {
+    EXPECT_LT(relDiff(six.at(step)["loss"], j["loss"]), 2e-2) << "step " << step;
+  }
+}
+
+TEST(DeviceGroups, ACheckpointOfTheGroupsResumesOnOneRankAndBack) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const Curve single = train(recipe, tmp.path() + "/single", 1, {});
+  const std::string dir = tmp.path() + "/groups";
+  const Curve groups = train(recipe, dir, 6, {kSixRanks, "checkpoint.every=10"});
+  ASSERT_EQ(groups.size(), 20u);
+  // Group 0 wrote every tensor once; the other group wrote nothing.
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_10/model.rank00000.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_10/model.rank00004.safetensors"));
+  // Its step 10 resumed on one rank, the groups gone: steps 11..20 on the
+  // uninterrupted one-rank curve.
+  const std::string one = tmp.path() + "/one";
+  fs::create_directories(one + "/checkpoints");
+  fs::copy(dir + "/checkpoints/step_10", one + "/checkpoints/step_10", fs::copy_options::recursive);
+  const Curve resumed = train(recipe, one, 1, {"--resume", "--allow-changes"});
+  ASSERT_EQ(resumed.size(), 10u);
+  expectSameCurve(single, resumed, "resumed on one rank", 11);
+  // And back: the one-rank run's step 10 resumed by the groups.
+  const Curve saved = train(recipe, tmp.path() + "/saved", 1, {"checkpoint.every=10"});
+  const std::string back = tmp.path() + "/back";
+  fs::create_directories(back + "/checkpoints");
+  fs::copy(tmp.path() + "/saved/checkpoints/step_10", back + "/checkpoints/step_10", fs::copy_options::recursive);
+  const Curve regrouped = train(recipe, back, 6, {kSixRanks, "--resume", "--allow-changes"});
+  ASSERT_EQ(regrouped.size(), 10u);
+  expectSameCurve(single, regrouped, "one rank's checkpoint resumed by the groups", 11);
+}
+
+TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  struct Case {
+    std::string groups;
+    std::vector<const char*> lines;  // one line each, in this order
+  };
+  const std::vector<Case> cases = {
+      {"[{ranks: 4, tensor_model_parallel_size: 2, share: 2}, {ranks: 4, share: 1}]",
+       {"the device groups have 8 ranks in all, the job 6: run with --nproc 8"}},
+      {"[{ranks: 4, tensor_model_parallel_size: 3, share: 2}, {ranks: 2, share: 1}]",
+       {"parallel.groups[0] (group0): the group's 4 ranks are not divisible by",
+        "parallel.groups[0] (group0): tensor_model_parallel_size=3 does not divide num_attention_heads=4",
+        "parallel.groups[0] (group0): tensor_model_parallel_size=3 does not divide ffn_hidden_size=128"}},
+      {"[{ranks: 4, tp: 2}, {ranks: 2}]", {"parallel.groups[0].tp: unknown key"}},
+      {"[{ranks: 4, share: 0}, {ranks: 2}]", {"parallel.groups[0].share: expected a number > 0"}},
+      {"[{ranks: 4, share: 5}, {ranks: 2, share: 2}]", {"does not split by the device groups' shares [5, 2]"}},
+      {"[{ranks: 4}, {tensor_model_parallel_size: 2}]", {"parallel.groups[1]: no ranks"}},
+      {"[{ranks: 4, pipeline_model_parallel_size: 2, micro_batch_size: 5}, {ranks: 2}]",
+       {"parallel.groups[0] (group0): the group's rows of global_batch_size=16 is not divisible by micro_batch_size*dp=10"}},
+      {"[4, 2]", {"entry 1 is '4', expected a mapping"}},
+  };
+  for (const auto& c : cases) {
+    auto r = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "parallel.groups=" + c.groups});
+    EXPECT_EQ(r.exit_code, 2) << c.groups << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), static_cast<long>(c.lines.size()))
+        << c.groups << "\n" << r.output;
+    size_t at = 0;
+    for (const char* line : c.lines) {
+      at = r.output.find(line, at);
+      EXPECT_NE(at, std::string::npos) << c.groups << ": no '" << line << "' in\n" << r.output;
+    }
+  }
+  // A job-wide size beside the groups is a second answer: refused.
+  auto both = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks,
+                         "parallel.tensor_model_parallel_size=2"});
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_NE(both.output.find("is set with parallel.groups"), std::string::npos) << both.output;
+  auto offloaded = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks, "offload.grads=true"});
+  EXPECT_EQ(offloaded.exit_code, 2) << offloaded.output;
+  EXPECT_NE(offloaded.output.find("offload.grads: device groups (parallel.groups) sum the gradients where backward"),
+            std::string::npos)
+      << offloaded.output;
+  auto moe = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks, "model.num_experts=4"});
+  EXPECT_EQ(moe.exit_code, 2) << moe.output;
+  EXPECT_NE(moe.output.find("expert models with device groups are not built yet"), std::string::npos) << moe.output;
+  // The shipped recipes: the one this machine runs, and the A100 + V100 plan at its real size.
+  for (const char* shipped : {"/configs/llm/gpt_hetero.yaml", "/configs/llm/gpt_7b_a100_v100.yaml"}) {
+    auto r = runPtrain({"check", ptrain::test::sourceDir() + shipped});
+    EXPECT_EQ(r.exit_code, 0) << shipped << "\n" << r.output;
+  }
+  auto ok = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("group a: ranks 0-3, tp 2 pp 2 dp 1, 16 rows"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("group b: ranks 4-5, tp 2 pp 1 dp 1, 8 rows"), std::string::npos) << ok.output;
+}
+
+}  // namespace
