@@ -105,6 +105,24 @@ TEST(DeviceGroups, TheDistributedOptimizerInEveryGroupTrainsTheOneRankModel) {
                   "8 ranks, distributed optimizer");
 }
 
+// A GPT-MoE (4 experts, top 2): group a tp 2 x pp 2 with the experts split
+// over tp (etp 2), group b experts over ep 2 on 2 data-parallel ranks; the
+// auxiliary loss weighted by the job's micro-batch count.
+TEST(DeviceGroups, GptMoeGroupsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const std::vector<std::string> moe{"model.num_experts=4", "model.moe_router_topk=2", "train.steps=12",
+                                     "parallel.sequence_parallel=true"};
+  const Curve single = train(recipe, tmp.path() + "/single", 1, moe);
+  ASSERT_EQ(single.size(), 12u);
+  std::vector<std::string> groups = moe;
+  groups.push_back(
+      "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2},"
+      " {name: b, ranks: 2, expert_model_parallel_size: 2, share: 4}]");
+  expectSameCurve(single, train(recipe, tmp.path() + "/moe", 6, groups), "GPT-MoE, 6 ranks (tp2 x pp2 | ep2)");
+}
+
 TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
   PTRAIN_LONG_TEST();
   TempDir tmp;
@@ -192,9 +210,20 @@ TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
   EXPECT_NE(offloaded.output.find("offload.grads: device groups (parallel.groups) sum the gradients where backward"),
             std::string::npos)
       << offloaded.output;
-  auto moe = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks, "model.num_experts=4"});
+  // An expert model: each group's expert grid against its ranks and the experts.
+  auto moe = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "model.num_experts=4",
+                        "parallel.groups=[{ranks: 4, expert_model_parallel_size: 3}, {ranks: 2}]"});
   EXPECT_EQ(moe.exit_code, 2) << moe.output;
-  EXPECT_NE(moe.output.find("expert models with device groups are not built yet"), std::string::npos) << moe.output;
+  EXPECT_NE(moe.output.find("parallel.groups[0] (group0): expert_model_parallel_size=3 does not divide num_experts=4"),
+            std::string::npos)
+      << moe.output;
+  auto unsplit = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "model.num_experts=4",
+                            "parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2}, {ranks: 2}]"});
+  EXPECT_EQ(unsplit.exit_code, 2) << unsplit.output;
+  EXPECT_NE(unsplit.output.find("parallel.groups[0] (group0): tensor_model_parallel_size=2 with a MoE model needs "
+                                "sequence parallelism"),
+            std::string::npos)
+      << unsplit.output;
   // The shipped recipes: the one this machine runs, and the A100 + V100 plan at its real size.
   for (const char* shipped : {"/configs/llm/gpt_hetero.yaml", "/configs/llm/gpt_7b_a100_v100.yaml"}) {
     auto r = runPtrain({"check", ptrain::test::sourceDir() + shipped});

@@ -279,8 +279,12 @@ int cmdCheck(const CheckArgs& args) {
     for (size_t i = 0; i < layout.groups.size(); ++i) {
       const DeviceGroup& g = groups[static_cast<int>(i)];
       const LayoutPlan own = planLayout(groupRequest(layout, i));
-      std::printf("group %s: ranks %d-%d, tp %d pp %d dp %d, %lld rows, micro %lld, micro-batches per rank %lld\n",
+      const std::string experts = own.sizes.ep > 1 || own.sizes.etp > 1
+                                      ? " ep " + std::to_string(own.sizes.ep) + " etp " + std::to_string(own.sizes.etp)
+                                      : "";
+      std::printf("group %s: ranks %d-%d, tp %d pp %d dp %d%s, %lld rows, micro %lld, micro-batches per rank %lld\n",
                   g.name.c_str(), g.first_rank, g.first_rank + g.sizes.world - 1, own.sizes.tp, own.sizes.pp, own.dp,
+                  experts.c_str(),
                   static_cast<long long>(own.global_batch_size), static_cast<long long>(own.micro_batch_size),
                   static_cast<long long>(own.micro_batches));
     }

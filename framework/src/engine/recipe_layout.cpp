@@ -35,7 +35,8 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
                                "which offloaded gradients and parameters move away: set it to false (offload.optimizer "
                                "works with groups)");
   }
-  const char* known = "name, ranks, tensor_model_parallel_size, pipeline_model_parallel_size, micro_batch_size, share";
+  const char* known = "name, ranks, tensor_model_parallel_size, pipeline_model_parallel_size, "
+                      "expert_model_parallel_size, expert_tensor_parallel_size, micro_batch_size, share";
   for (size_t i = 0; i < entries.size(); ++i) {
     const Recipe::MapEntry& entry = entries[i];
     const std::string path = key + "[" + std::to_string(i) + "]";
@@ -62,6 +63,11 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
         wholeAtLeastOne(&g.tp);
       } else if (f.key == "pipeline_model_parallel_size") {
         wholeAtLeastOne(&g.pp);
+      } else if (f.key == "expert_model_parallel_size") {
+        wholeAtLeastOne(&g.ep);
+      } else if (f.key == "expert_tensor_parallel_size") {
+        int64_t v = 0;
+        if (wholeAtLeastOne(&v)) g.etp = v;
       } else if (f.key == "micro_batch_size") {
         int64_t v = 0;
         if (wholeAtLeastOne(&v)) g.micro_batch_size = v;

@@ -437,7 +437,12 @@ StepResult ModelRuntime::step(const StepInput& input) {
     torch::manual_seed(options_.seed * 1000003ULL + static_cast<uint64_t>(input.step) * 1009ULL +
                        static_cast<uint64_t>(ppGroup->rank()));
   }
-  for (auto* h : hooks_) h->beginStep(StepInfo{input.step, count});
+  StepInfo info{input.step, count, 0};
+  if (options_.device_groups) {
+    // Every data-parallel replica's count once, over the job.
+    info.job_micro_batches = sumOverDataParallel({static_cast<double>(count)}).front();
+  }
+  for (auto* h : hooks_) h->beginStep(info);
   double lossScale = 1;
   for (auto* h : hooks_) lossScale *= h->lossScale();
   for (auto* h : hooks_) h->beforeMicroBatches(lossScale);

@@ -234,11 +234,6 @@ std::vector<std::string> checkGroups(const LayoutRequest& request) {
                   "move it into the groups' entries (tensor_model_parallel_size, pipeline_model_parallel_size, "
                   "micro_batch_size, share), or remove it");
   }
-  if (Values::model(request.num_experts) > 0) {
-    out.push_back(v.at({kGroups}) + "parallel.groups trains dense models; this one has num_experts=" +
-                  n(*request.num_experts) + " (expert models with device groups are not built yet): remove "
-                  "parallel.groups, or train a dense model");
-  }
   int64_t ranks = 0;
   for (const auto& g : request.groups) ranks += g.ranks;
   if (ranks != request.world) {
@@ -256,9 +251,15 @@ std::vector<std::string> checkGroups(const LayoutRequest& request) {
     return out;
   }
   for (size_t i = 0; i < request.groups.size(); ++i) {
-    for (const auto& line : checkLayout(groupRequest(request, i))) {
-      out.push_back(inGroup(line, i, groupName(request.groups[i], i)));
+    const LayoutRequest group = groupRequest(request, i);
+    std::vector<std::string> lines = checkLayout(group);
+    // The MoE rule engine/moe_settings.cpp checks for the job's tp, here for each group's.
+    if (Values::model(request.num_experts) > 0 && group.tp > 1 && !request.sequence_parallel) {
+      lines.push_back(Values(group).at({kTp}) + "tensor_model_parallel_size=" + n(group.tp) +
+                      " with a MoE model needs sequence parallelism (each tensor rank routes its own sequence shard, "
+                      "as in Megatron-LM); set parallel.sequence_parallel: true");
     }
+    for (const auto& line : lines) out.push_back(inGroup(line, i, groupName(request.groups[i], i)));
   }
   return out;
 }
@@ -275,7 +276,11 @@ LayoutRequest groupRequest(const LayoutRequest& request, size_t index) {
   q.tp = g.tp;
   q.pp = g.pp;
   q.vpp = 1;
-  q.ep = q.etp = q.cp = 1;
+  q.cp = 1;
+  // Megatron's default expert tensor parallelism is the group's tp (for an
+  // expert model; a dense one has no expert grid).
+  q.ep = g.ep;
+  q.etp = g.etp ? *g.etp : (request.num_experts.value_or(0) > 0 ? g.tp : 1);
   if (g.micro_batch_size) q.micro_batch_size = g.micro_batch_size;
   const auto shares = groupShares(request);
   const auto rows = dataParallelRows(request.global_batch_size, static_cast<int64_t>(shares.size()), shares);
@@ -283,9 +288,11 @@ LayoutRequest groupRequest(const LayoutRequest& request, size_t index) {
   // The group's own sizes are written at its entry.
   const std::string entry = g.where;
   auto outer = request.where;
-  for (const char* key : {kTp, kPp, kMicro}) q.written.insert(key);
+  for (const char* key : {kTp, kPp, kEp, kEtp, kMicro}) q.written.insert(key);
   q.where = [entry, outer](const std::string& key) {
-    if (!entry.empty() && (key == kTp || key == kPp || key == kMicro || key == kGlobal)) return entry;
+    if (!entry.empty() && (key == kTp || key == kPp || key == kEp || key == kEtp || key == kMicro || key == kGlobal)) {
+      return entry;
+    }
     return outer ? outer(key) : entry;
   };
   return q;
@@ -301,6 +308,10 @@ DeviceGroups deviceGroupsOf(const LayoutRequest& request) {
     d.sizes.world = static_cast<int>(g.ranks);
     d.sizes.tp = static_cast<int>(g.tp);
     d.sizes.pp = static_cast<int>(g.pp);
+    // As planLayout: a dense model has no expert grid.
+    const bool moe = request.num_experts.value_or(0) > 0;
+    d.sizes.ep = moe ? static_cast<int>(g.ep) : 1;
+    d.sizes.etp = moe ? static_cast<int>(g.etp ? *g.etp : g.tp) : 1;
     d.micro_batch_size = g.micro_batch_size ? g.micro_batch_size : request.micro_batch_size;
     d.share = shares[i];
     d.where = g.where;

@@ -145,13 +145,16 @@ class ExpertParallel final : public ParallelPlugin {
   void beginStep(const StepInfo& info) override {
     if (context_) context_->reset();
     globalMicroBatches_ = static_cast<double>(info.micro_batches) * dpSize_;
+    // Under device groups the weight is the whole job's count (the groups'
+    // gradients are summed); the figures stay this group's.
+    jobMicroBatches_ = info.job_micro_batches > 0 ? info.job_micro_batches : globalMicroBatches_;
   }
 
   // Backward starts from loss_sum * scale / divisor for each micro-batch;
   // the auxiliary losses are per micro-batch means, weighted as Megatron
   // weighs them (1 / micro-batches, times the data-parallel average).
   void beforeMicroBatches(double lossScale) override {
-    if (context_) context_->aux_gradient_scale = lossScale / std::max(1.0, globalMicroBatches_);
+    if (context_) context_->aux_gradient_scale = lossScale / std::max(1.0, jobMicroBatches_);
   }
 
   void afterStep(const StepResult&) override {
@@ -211,7 +214,8 @@ class ExpertParallel final : public ParallelPlugin {
   std::shared_ptr<ProcessGroup> etpGroup_;
   std::vector<at::Tensor> etpPartial_;  // fc2 biases under etp > 1: gradients summed over etp
   int dpSize_ = 1;
-  double globalMicroBatches_ = 1;
+  double globalMicroBatches_ = 1;  // the step's micro-batches over the data-parallel ranks
+  double jobMicroBatches_ = 1;     // ... and over every device group
   std::shared_ptr<nn::MoeStepContext> context_;
   std::map<std::string, double> stats_;
 };

@@ -43,6 +43,10 @@ namespace ptrain {
 struct StepInfo {
   int64_t step = 0;       // 0-based index of the step in its runtime's training
   int micro_batches = 0;  // this rank's micro-batches in the step (the same on every data-parallel rank)
+  // Micro-batches of the whole global batch, every data-parallel rank's, over
+  // every device group (parallel.groups, whose groups cut their rows into
+  // different counts); 0 without groups: micro_batches x the data-parallel size.
+  double job_micro_batches = 0;
 };
 
 // What mayStep() may look at: the gradients after every hook's

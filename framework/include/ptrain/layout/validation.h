@@ -66,6 +66,8 @@ struct LayoutRequest {
     std::string where;  // its entry, "file:line:col"
     int64_t ranks = 0;
     int64_t tp = 1, pp = 1;
+    int64_t ep = 1;                 // expert_model_parallel_size
+    std::optional<int64_t> etp;     // expert_tensor_parallel_size; unset: its tp (Megatron's default)
     std::optional<int64_t> micro_batch_size;  // unset: train.micro_batch_size
     double share = 0;   // 0: its rank count
   };
