@@ -200,30 +200,24 @@ TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
       EXPECT_NE(at, std::string::npos) << c.groups << ": no '" << line << "' in\n" << r.output;
     }
   }
-  // A job-wide size beside the groups is a second answer: refused.
-  auto both = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks,
-                         "parallel.tensor_model_parallel_size=2"});
-  EXPECT_EQ(both.exit_code, 2) << both.output;
-  EXPECT_NE(both.output.find("is set with parallel.groups"), std::string::npos) << both.output;
-  auto offloaded = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", kSixRanks, "offload.grads=true"});
-  EXPECT_EQ(offloaded.exit_code, 2) << offloaded.output;
-  EXPECT_NE(offloaded.output.find("offload.grads: device groups (parallel.groups) sum the gradients where backward"),
-            std::string::npos)
-      << offloaded.output;
-  // An expert model: each group's expert grid against its ranks and the experts.
-  auto moe = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "model.num_experts=4",
-                        "parallel.groups=[{ranks: 4, expert_model_parallel_size: 3}, {ranks: 2}]"});
-  EXPECT_EQ(moe.exit_code, 2) << moe.output;
-  EXPECT_NE(moe.output.find("parallel.groups[0] (group0): expert_model_parallel_size=3 does not divide num_experts=4"),
-            std::string::npos)
-      << moe.output;
-  auto unsplit = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "model.num_experts=4",
-                            "parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2}, {ranks: 2}]"});
-  EXPECT_EQ(unsplit.exit_code, 2) << unsplit.output;
-  EXPECT_NE(unsplit.output.find("parallel.groups[0] (group0): tensor_model_parallel_size=2 with a MoE model needs "
-                                "sequence parallelism"),
-            std::string::npos)
-      << unsplit.output;
+  // One refusal (exit 2) that says `message`.
+  auto expectRefused = [&](std::vector<std::string> overrides, const std::string& message) {
+    std::vector<std::string> args{"check", recipe, "--nproc", "6", "launch.nproc=6"};
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    auto r = runPtrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
+  };
+  // A job-wide size beside the groups is a second answer.
+  expectRefused({kSixRanks, "parallel.tensor_model_parallel_size=2"}, "is set with parallel.groups");
+  expectRefused({kSixRanks, "offload.grads=true"},
+                "offload.grads: device groups (parallel.groups) sum the gradients where backward");
+  // An expert model: each group's expert grid against its ranks and the
+  // experts, and its tp against sequence parallelism.
+  expectRefused({"model.num_experts=4", "parallel.groups=[{ranks: 4, expert_model_parallel_size: 3}, {ranks: 2}]"},
+                "parallel.groups[0] (group0): expert_model_parallel_size=3 does not divide num_experts=4");
+  expectRefused({"model.num_experts=4", "parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2}, {ranks: 2}]"},
+                "parallel.groups[0] (group0): tensor_model_parallel_size=2 with a MoE model needs sequence parallelism");
   // The shipped recipes: the one this machine runs, and the A100 + V100 plan at its real size.
   for (const char* shipped : {"/configs/llm/gpt_hetero.yaml", "/configs/llm/gpt_7b_a100_v100.yaml"}) {
     auto r = runPtrain({"check", ptrain::test::sourceDir() + shipped});
