@@ -156,21 +156,23 @@ void DistributedOptimizer::gatherDuringNextForward(std::function<int(const std::
   }
 }
 
+namespace {
+
+// Waits for an all-gather still in flight, then drops it: a c10d Work keeps its tensors.
+void finishGather(std::shared_ptr<Work>& gathering) {
+  if (!gathering) return;
+  std::shared_ptr<Work> work = std::move(gathering);
+  work->wait();
+}
+
+}  // namespace
+
 void DistributedOptimizer::awaitRanges(const std::vector<size_t>& ranges) {
-  for (size_t r : ranges) {
-    if (!ranges_[r].gathering) continue;
-    // Dropped once waited: a c10d Work keeps its tensors.
-    std::shared_ptr<Work> work = std::move(ranges_[r].gathering);
-    work->wait();
-  }
+  for (size_t r : ranges) finishGather(ranges_[r].gathering);
 }
 
 void DistributedOptimizer::awaitParameters() {
-  for (Range& r : ranges_) {
-    if (!r.gathering) continue;
-    std::shared_ptr<Work> work = std::move(r.gathering);
-    work->wait();
-  }
+  for (Range& r : ranges_) finishGather(r.gathering);
 }
 
 void DistributedOptimizer::beginStep(const StepInfo&) { awaitRanges(outerRanges_); }
