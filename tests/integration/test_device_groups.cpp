@@ -2,7 +2,8 @@
 // job whose groups hold the model in different layouts (tp x pp, dp) and take
 // unequal shares of the global batch trains the one-rank model (1e-5 at step
 // 1, 1e-4 over 20 steps), with the plain and the distributed optimizer, in
-// fp32 and bf16; a checkpoint the groups saved resumes on one rank on the
+// fp32 and bf16, with a group interleaving its pipeline (vpp) and with the
+// offload tier; a checkpoint the groups saved resumes on one rank on the
 // same curve, and one rank's checkpoint resumes in the groups; the doctor
 // names the slowest group; `ptrain check` refuses groups that cannot run, one
 // line each, and accepts the shipped recipes (test_plan.cpp: and the section
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -60,13 +62,19 @@ Curve train(const std::string& recipe, const std::string& runDir, int nproc, std
 
 void expectSameCurve(const Curve& reference, const Curve& run, const std::string& what, int from = 1) {
   ASSERT_FALSE(run.empty()) << what;
+  double worstLoss = 0, worstNorm = 0;
   for (const auto& [step, j] : reference) {
     if (step < from) continue;
     ASSERT_TRUE(run.count(step)) << what << ": no step " << step;
     const double tolerance = step == 1 ? 1e-5 : 1e-4;
-    EXPECT_LT(relDiff(run.at(step)["loss"], j["loss"]), tolerance) << what << " step " << step;
-    EXPECT_LT(relDiff(run.at(step)["grad_norm"], j["grad_norm"]), tolerance) << what << " step " << step;
+    const double loss = relDiff(run.at(step)["loss"], j["loss"]);
+    const double norm = relDiff(run.at(step)["grad_norm"], j["grad_norm"]);
+    EXPECT_LT(loss, tolerance) << what << " step " << step;
+    EXPECT_LT(norm, tolerance) << what << " step " << step;
+    worstLoss = std::max(worstLoss, loss);
+    worstNorm = std::max(worstNorm, norm);
   }
+  std::printf("%s: largest relative difference, loss %.2g, grad norm %.2g\n", what.c_str(), worstLoss, worstNorm);
 }
 
 TEST(DeviceGroups, GroupsOfDifferentLayoutsTrainTheOneRankModel) {
@@ -121,6 +129,32 @@ TEST(DeviceGroups, GptMoeGroupsTrainTheOneRankModel) {
       "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2},"
       " {name: b, ranks: 2, expert_model_parallel_size: 2, share: 4}]");
   expectSameCurve(single, train(recipe, tmp.path() + "/moe", 6, groups), "GPT-MoE, 6 ranks (tp2 x pp2 | ep2)");
+}
+
+// A group with model chunks (vpp 2) runs the interleaved schedule beside a
+// group without pipeline; and the offload tier (parameters and gradients
+// resting in memory-mapped files) under the groups: the exchange reads each
+// gradient where it rests and writes the sum back there.
+TEST(DeviceGroups, InterleavedAndOffloadedGroupsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string recipe = tmp.write("recipe.yaml", kRecipe);
+  const Curve single = train(recipe, tmp.path() + "/single", 1, {});
+  ASSERT_EQ(single.size(), 20u);
+  const std::string interleaved =
+      "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2,"
+      " virtual_pipeline_model_parallel_size: 2, share: 2}, {name: b, ranks: 2, tensor_model_parallel_size: 2, share: 1}]";
+  const Curve chunked = train(recipe, tmp.path() + "/interleaved", 6, {interleaved});
+  expectSameCurve(single, chunked, "6 ranks (tp2 x pp2 vpp2 | tp2, 2:1)");
+  // Group a (rank 0 reports its stages) ran the interleaved schedule: its
+  // 16 rows (shares 2:1) in 8 micro-batches over 2 stages x 2 chunks,
+  // (p - 1) / (v m) = 1/16 of bubble (1f1b's would be 1/8).
+  ASSERT_TRUE(chunked.at(1).contains("pp_bubble_formula")) << chunked.at(1).dump();
+  EXPECT_DOUBLE_EQ(chunked.at(1)["pp_bubble_formula"].get<double>(), 1.0 / 16);
+  expectSameCurve(single,
+                  train(recipe, tmp.path() + "/offloaded", 6,
+                        {kSixRanks, "offload.params=true", "offload.grads=true", "offload.optimizer=true"}),
+                  "6 ranks (tp2 x pp2 | tp2, 2:1), parameters, gradients and optimizer offloaded");
 }
 
 TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
@@ -210,14 +244,39 @@ TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
   };
   // A job-wide size beside the groups is a second answer.
   expectRefused({kSixRanks, "parallel.tensor_model_parallel_size=2"}, "is set with parallel.groups");
-  expectRefused({kSixRanks, "offload.grads=true"},
-                "offload.grads: device groups (parallel.groups) sum the gradients where backward");
+  expectRefused({kSixRanks, "parallel.virtual_pipeline_model_parallel_size=2"}, "is set with parallel.groups");
+  // A group's chunks against the model's layers, and the job's schedule for
+  // the groups without chunks.
+  expectRefused({"parallel.groups=[{ranks: 4, pipeline_model_parallel_size: 2, virtual_pipeline_model_parallel_size: 4},"
+                 " {ranks: 2}]"},
+                "parallel.groups[0] (group0): pipeline_model_parallel_size*virtual_pipeline_model_parallel_size=8 "
+                "does not divide num_layers=4: use sizes whose product is 1, 2 or 4\n");
+  expectRefused({"parallel.pipeline_schedule=interleaved",
+                 "parallel.groups=[{ranks: 4, pipeline_model_parallel_size: 2, virtual_pipeline_model_parallel_size: 2},"
+                 " {ranks: 2, pipeline_model_parallel_size: 2}]"},
+                "parallel.groups[1] (group1): pipeline_schedule=interleaved needs virtual_pipeline_model_parallel_size");
   // An expert model: each group's expert grid against its ranks and the
   // experts, and its tp against sequence parallelism.
   expectRefused({"model.num_experts=4", "parallel.groups=[{ranks: 4, expert_model_parallel_size: 3}, {ranks: 2}]"},
                 "parallel.groups[0] (group0): expert_model_parallel_size=3 does not divide num_experts=4");
   expectRefused({"model.num_experts=4", "parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2}, {ranks: 2}]"},
                 "parallel.groups[0] (group0): tensor_model_parallel_size=2 with a MoE model needs sequence parallelism");
+  // Memory: the group whose layout needs the most, here the second (a 3.6B
+  // GPT whole on each of group b's ranks), against the device named.
+  {
+    const std::string big = tmp.write("big.yaml", R"(
+name: big-groups
+trainer: {name: llm}
+model: {num_layers: 32, hidden_size: 3072, num_attention_heads: 24, seq_length: 1024, dropout: 0}
+data: {name: arithmetic, digits: 1, operations: [add], eval_size: 8}
+train: {steps: 20, global_batch_size: 48, micro_batch_size: 1}
+)");
+    auto r = runPtrain({"check", big, "--nproc", "6", "launch.nproc=6", "--device", "V100-32G",
+                        "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 4, share: 1},"
+                        " {name: b, ranks: 2, share: 1}]"});
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("device group b's layout is predicted to need"), std::string::npos) << r.output;
+  }
   // The shipped recipes: the one this machine runs, and the A100 + V100 plan at its real size.
   for (const char* shipped : {"/configs/llm/gpt_hetero.yaml", "/configs/llm/gpt_7b_a100_v100.yaml"}) {
     auto r = runPtrain({"check", ptrain::test::sourceDir() + shipped});
@@ -227,6 +286,12 @@ TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("group a: ranks 0-3, tp 2 pp 2 dp 1, 16 rows"), std::string::npos) << ok.output;
   EXPECT_NE(ok.output.find("group b: ranks 4-5, tp 2 pp 1 dp 1, 8 rows"), std::string::npos) << ok.output;
+  auto chunked = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6",
+                            "parallel.groups=[{name: a, ranks: 4, pipeline_model_parallel_size: 2, "
+                            "virtual_pipeline_model_parallel_size: 2}, {name: b, ranks: 2}]"});
+  EXPECT_EQ(chunked.exit_code, 0) << chunked.output;
+  EXPECT_NE(chunked.output.find("group a: ranks 0-3, tp 1 pp 2 vpp 2 (interleaved) dp 2"), std::string::npos)
+      << chunked.output;
 }
 
 }  // namespace

@@ -113,6 +113,32 @@ optimizer: {name: adamw, lr: 0.003, weight_decay: 0.0, lr_schedule: constant}
 checkpoint: {every: 0}
 )";
 
+// kExactRecipe run by `nproc` ranks into tmp/<name>: its losses by step.
+std::map<int, double> trainExact(const TempDir& tmp, const std::string& name, const std::string& nproc,
+                                 std::vector<std::string> extra) {
+  std::vector<std::string> args{"run", tmp.path() + "/exact.yaml", "--nproc", nproc, "--run-dir",
+                                tmp.path() + "/" + name};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = runPtrain(args, {"OMP_NUM_THREADS=1"}, 400);
+  EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+  return lossesOf(tmp.path() + "/" + name);
+}
+
+// Holds `losses` to the one-rank curve (1e-5 at step 1, 1e-4 over the run)
+// and prints the differences.
+void expectOneRankCurve(const std::map<int, double>& losses, const std::map<int, double>& one,
+                        const std::string& name) {
+  ASSERT_EQ(losses.size(), one.size()) << name;
+  EXPECT_LT(relDiff(losses.at(1), one.at(1)), 1e-5) << name << " step 1";
+  double worst = 0;
+  for (const auto& [step, loss] : one) {
+    EXPECT_LT(relDiff(losses.at(step), loss), 1e-4) << name << " step " << step;
+    worst = std::max(worst, relDiff(losses.at(step), loss));
+  }
+  std::printf("%s: step 1 %.3g, worst over %zu steps %.3g (relative)\n", name.c_str(),
+              relDiff(losses.at(1), one.at(1)), one.size(), worst);
+}
+
 }  // namespace
 
 // Four data-parallel replicas; tables split over tp 2 and 4 (row-wise and table-wise), the stages cut as the seed
@@ -122,29 +148,22 @@ checkpoint: {every: 0}
 TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
   PTRAIN_LONG_TEST();
   TempDir tmp;
-  const std::string recipe = tmp.write("exact.yaml", kExactRecipe);
-  auto run = [&](const std::string& name, const std::string& nproc, std::vector<std::string> extra) {
-    std::vector<std::string> args{"run", recipe, "--nproc", nproc, "--run-dir", tmp.path() + "/" + name};
-    args.insert(args.end(), extra.begin(), extra.end());
-    auto r = runPtrain(args, {"OMP_NUM_THREADS=1"}, 400);
-    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
-    return lossesOf(tmp.path() + "/" + name);
-  };
-  const auto one = run("one", "1", {});
+  tmp.write("exact.yaml", kExactRecipe);
+  const auto one = trainExact(tmp, "one", "1", {});
   ASSERT_EQ(one.size(), 20u);
   const std::map<std::string, std::map<int, double>> layouts{
       // Four data-parallel replicas: the tables' gradients summed by
       // exchanging the rows each replica touched (row_sparse_gradient).
-      {"dp4", run("dp4", "4", {})},
-      {"tp2_pp2_ep2", run("tp2_pp2_ep2", "8",
-                          {"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2",
-                           "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
-                           "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true"})},
+      {"dp4", trainExact(tmp, "dp4", "4", {})},
+      {"tp2_pp2_ep2", trainExact(tmp, "tp2_pp2_ep2", "8",
+                                 {"parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2",
+                                  "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
+                                  "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true"})},
       // The seed's layout.
-      {"tp4_pp2_ep2", run("tp4_pp2_ep2", "8",
-                          {"parallel.tensor_model_parallel_size=4", "parallel.pipeline_model_parallel_size=2",
-                           "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
-                           "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true"})},
+      {"tp4_pp2_ep2", trainExact(tmp, "tp4_pp2_ep2", "8",
+                                 {"parallel.tensor_model_parallel_size=4", "parallel.pipeline_model_parallel_size=2",
+                                  "parallel.pipeline_layout=[0, 2]", "parallel.expert_model_parallel_size=2",
+                                  "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true"})},
   };
   // The dp 4 replicas sent rows, not tables: a step's traffic is below the
   // parameters' bytes, which an all-reduce of every gradient would send.
@@ -154,17 +173,71 @@ TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
   const double sentBytes = nlohmann::json::parse(steps.at(2))["dp_comm_bytes"].get<double>();
   std::printf("dp4: %.0f bytes exchanged in step 2, parameters %.0f bytes\n", sentBytes, paramBytes);
   EXPECT_LT(sentBytes, 0.75 * paramBytes);
-  for (const auto& [name, losses] : layouts) {
-    ASSERT_EQ(losses.size(), one.size()) << name;
-    EXPECT_LT(relDiff(losses.at(1), one.at(1)), 1e-5) << name << " step 1";
-    double worst = 0;
-    for (const auto& [step, loss] : one) {
-      EXPECT_LT(relDiff(losses.at(step), loss), 1e-4) << name << " step " << step;
-      worst = std::max(worst, relDiff(losses.at(step), loss));
-    }
-    std::printf("%s: step 1 %.3g, worst over 20 steps %.3g (relative)\n", name.c_str(),
-                relDiff(losses.at(1), one.at(1)), worst);
-  }
+  for (const auto& [name, losses] : layouts) expectOneRankCurve(losses, one, name);
+}
+
+// Device groups (parallel.groups): group a holds the model in tp 2 x pp 2
+// (tables split over tp, experts with the samples split over tp around
+// them), group b in ep 2 over 2 data-parallel ranks (tables whole), half
+// the batch each; the groups sum the tables' gradients by exchanging the
+// rows each group touched. The one-rank losses within 1e-5 at step 1 and
+// 1e-4 over 20 steps; the exchange sent rows, not tables.
+TEST(RecommenderTrainer, DeviceGroupsTrainTheOneRankModel) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  tmp.write("exact.yaml", kExactRecipe);
+  const auto one = trainExact(tmp, "one", "1", {});
+  ASSERT_EQ(one.size(), 20u);
+  const auto groups = trainExact(
+      tmp, "groups", "6",
+      {"parallel.sequence_parallel=true",
+       "parallel.groups=[{name: a, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2,"
+       " expert_tensor_parallel_size: 1, share: 1}, {name: b, ranks: 2, expert_model_parallel_size: 2, share: 1}]"});
+  expectOneRankCurve(groups, one, "groups (tp2 x pp2 | ep2 x dp2, 1:1)");
+  // Rank 0 (group a, the tables' first stage) sent the rows its group
+  // touched, far below its tables' bytes.
+  const auto steps = ptrain::test::readTrainingSteps(tmp.path() + "/groups");
+  ASSERT_GE(steps.size(), 2u);
+  const auto step2 = nlohmann::json::parse(steps.at(2));
+  ASSERT_TRUE(step2.contains("cross_group_bytes")) << steps.at(2);
+  const double sent = step2["cross_group_bytes"].get<double>();
+  const double params = nlohmann::json::parse(steps.at(1))["mem_params"].get<double>();  // logged at step 1
+  std::printf("groups: rank 0 sent %.0f bytes across the groups in step 2, its parameters %.0f bytes\n", sent,
+              params);
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(sent, 0.75 * params);
+}
+
+// The recommender's own layout rules hold for each device group's layout,
+// one line naming the group: its tp against the table-wise slots, and
+// against the micro-batch the experts split.
+TEST(RecommenderTrainer, CheckHoldsEachDeviceGroupToTheTablesAndExperts) {
+  TempDir tmp;
+  const std::string recipe = tmp.write("exact.yaml", kExactRecipe);
+  auto check = [&](const std::string& nproc, std::vector<std::string> extra) {
+    std::vector<std::string> args{"check", recipe, "--nproc", nproc, "launch.nproc=" + nproc,
+                                  "parallel.sequence_parallel=true"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return runPtrain(args, {}, 120);
+  };
+  auto slots = check("10", {"parallel.groups=[{name: big, ranks: 8, tensor_model_parallel_size: 8,"
+                            " expert_tensor_parallel_size: 1, share: 1}, {ranks: 2, share: 1}]"});
+  EXPECT_EQ(slots.exit_code, 2) << slots.output;
+  EXPECT_NE(slots.output.find("parallel.groups: entry 0 (big): embedding tables: parallel.tensor_model_parallel_size "
+                              "8 does not divide table_wise_slots 4"),
+            std::string::npos)
+      << slots.output;
+  auto experts = check("6", {"train.global_batch_size=48",
+                             "parallel.groups=[{ranks: 4, tensor_model_parallel_size: 4, expert_tensor_parallel_size: 1,"
+                             " micro_batch_size: 6, share: 1}, {ranks: 2, micro_batch_size: 4, share: 1}]"});
+  EXPECT_EQ(experts.exit_code, 2) << experts.output;
+  EXPECT_NE(experts.output.find("parallel.groups: entry 0 (group0): micro-batches of 6 samples, which "
+                                "tensor_model_parallel_size=4 does not divide"),
+            std::string::npos)
+      << experts.output;
+  auto ok = check("6", {"parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2,"
+                        " expert_tensor_parallel_size: 1, share: 1}, {ranks: 2, expert_model_parallel_size: 2, share: 1}]"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
 TEST(RecommenderTrainer, RefusesKeysOfOtherTrainersInOneLine) {
@@ -187,6 +260,13 @@ TEST(RecommenderTrainer, RefusesKeysOfOtherTrainersInOneLine) {
                      {}, 120);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.global_batch_size"), std::string::npos) << r.output;
+  // The tables' sparse optimizer steps 2-d rows, which the distributed optimizer flattens.
+  auto sharded = runPtrain({"check", recipe, "--nproc", "2", "optimizer.distributed=true"}, {}, 120);
+  EXPECT_EQ(sharded.exit_code, 2) << sharded.output;
+  EXPECT_NE(sharded.output.find("optimizer.distributed: the embedding tables' optimizer (model.embedding_optimizer: "
+                                "rowwise_adagrad)"),
+            std::string::npos)
+      << sharded.output;
 }
 
 // recsys_small's data keys (26 tables of 1000 rows, Zipf 1.2, a hidden model

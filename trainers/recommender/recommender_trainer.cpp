@@ -14,7 +14,9 @@
 #include "ptrain/core/resources.h"
 #include "ptrain/datasets/auc.h"
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/moe_settings.h"
+#include "ptrain/layout/validation.h"
 #include "ptrain/pipeline/schedule.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
@@ -291,10 +293,6 @@ void RecommenderTrainer::describeKeys(Schema& schema) const {
 }
 
 void RecommenderTrainer::setup(const Recipe& recipe) {
-  if (recipe.has("parallel.groups")) {
-    recipe.fail("parallel.groups", "the recommender's embedding tables have row-sparse gradients, which device "
-                                   "groups do not sum yet: remove parallel.groups");
-  }
   const std::string name = recipe.has("data.name") ? recipe.getString("data.name") : "";
   const bool fromFiles = name == "criteo";
   if (!name.empty() && name != "clicks" && !fromFiles) {
@@ -405,30 +403,66 @@ void RecommenderTrainer::setup(const Recipe& recipe) {
   c.num_experts = moe.num_experts;
   c.moe = moe.routing;
 
-  const int tp = static_cast<int>(recipe.getInt("parallel.tensor_model_parallel_size"));
-  const int pp = static_cast<int>(recipe.getInt("parallel.pipeline_model_parallel_size"));
-  const int ep = static_cast<int>(recipe.getInt("parallel.expert_model_parallel_size"));
-  try {
-    nn::checkEmbeddingTablesTensorParallel(c.tableOptions(0), tp);
-  } catch (const ConfigError& e) {
-    recipe.fail("model.row_multiple", e.what());
-  }
-  if (c.num_experts > 0 && tp > 1) {
-    // The samples of a micro-batch are split over the tensor ranks around
-    // the experts.
-    const int64_t world = recipe.getInt("launch.nproc");
-    const int64_t dp = std::max<int64_t>(1, world / std::max(1, tp * pp));
-    const int64_t rows = recipe.has("train.micro_batch_size") ? recipe.getInt("train.micro_batch_size")
-                                                               : recipe.getInt("train.global_batch_size") / dp;
-    if (rows % tp != 0) {
-      recipe.fail(recipe.has("train.micro_batch_size") ? "train.micro_batch_size" : "train.global_batch_size",
-                  "micro-batches of " + std::to_string(rows) + " samples, which tensor_model_parallel_size=" +
-                      std::to_string(tp) + " does not divide (the samples are split over the tensor ranks around "
-                      "the experts); use a multiple of " + std::to_string(tp));
+  // The layouts the model runs in: the job's, or each device group's own
+  // (parallel.groups; the sizes are already checked, see prepareRecipe).
+  struct Split {
+    std::string group;  // "" for the job; else "entry i (name)" of parallel.groups
+    int tp = 1, pp = 1, ep = 1;
+    int64_t micro_rows = 0;
+    bool micro_written = false;
+  };
+  std::vector<Split> splits;
+  {
+    const LayoutRequest job = layoutRequestFromRecipe(recipe, static_cast<int>(recipe.getInt("launch.nproc")));
+    const size_t count = std::max<size_t>(1, job.groups.size());
+    for (size_t i = 0; i < count; ++i) {
+      const bool grouped = !job.groups.empty();
+      const LayoutRequest q = grouped ? groupRequest(job, i) : job;
+      Split split;
+      if (grouped) {
+        const std::string& name = job.groups[i].name;
+        split.group = "entry " + std::to_string(i) + " (" + (name.empty() ? "group" + std::to_string(i) : name) + ")";
+      }
+      split.tp = static_cast<int>(q.tp);
+      split.pp = static_cast<int>(q.pp);
+      split.ep = static_cast<int>(q.ep);
+      split.micro_written = q.micro_batch_size.has_value();
+      const int64_t dp = std::max<int64_t>(1, q.world / std::max<int64_t>(1, q.tp * q.pp));
+      split.micro_rows = q.micro_batch_size ? *q.micro_batch_size : q.global_batch_size / dp;
+      splits.push_back(split);
     }
   }
+  for (const Split& split : splits) {
+    // With groups, the key is the groups' and the line names the group.
+    const std::string in = split.group.empty() ? "" : split.group + ": ";
+    try {
+      nn::checkEmbeddingTablesTensorParallel(c.tableOptions(0), split.tp);
+    } catch (const ConfigError& e) {
+      recipe.fail(split.group.empty() ? "model.row_multiple" : "parallel.groups", in + e.what());
+    }
+    if (c.num_experts > 0 && split.tp > 1 && split.micro_rows % split.tp != 0) {
+      // The samples of a micro-batch are split over the tensor ranks around
+      // the experts.
+      const char* key = split.group.empty()
+                            ? (split.micro_written ? "train.micro_batch_size" : "train.global_batch_size")
+                            : "parallel.groups";
+      recipe.fail(key, in + "micro-batches of " + std::to_string(split.micro_rows) +
+                           " samples, which tensor_model_parallel_size=" + std::to_string(split.tp) +
+                           " does not divide (the samples are split over the tensor ranks around the experts); use a "
+                           "multiple of " + std::to_string(split.tp));
+    }
+  }
+  // The footprint logged and kept is the first layout's (group 0's).
+  const int tp = splits.front().tp, pp = splits.front().pp, ep = splits.front().ep;
 
   const std::string tableOptimizer = recipe.getString("model.embedding_optimizer");
+  // The run would refuse it in every worker (engine/optimizer.cpp): say it here, before any starts.
+  if (tableOptimizer != "none" && recipe.getBool("optimizer.distributed")) {
+    recipe.fail("optimizer.distributed",
+                "the embedding tables' optimizer (model.embedding_optimizer: " + tableOptimizer +
+                    ") steps the rows a step touched in 2-d tables, which the distributed optimizer flattens into "
+                    "its ranges: set optimizer.distributed: false, or model.embedding_optimizer: none");
+  }
   std::vector<int64_t> layout;
   if (recipe.has("parallel.pipeline_layout")) layout = recipe.getIntList("parallel.pipeline_layout");
   const RecsysFootprint footprint = recsysFootprint(c, tp, pp, ep, tableOptimizer, layout);

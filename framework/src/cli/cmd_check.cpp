@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -113,6 +114,17 @@ double hostMemoryBytes() {
   return 0;
 }
 
+// Each layout the job runs, with the words that name it in a message: its
+// own, or each device group's.
+std::vector<std::pair<std::string, LayoutRequest>> runLayouts(const LayoutRequest& job) {
+  if (job.groups.empty()) return {{"the layout", job}};
+  std::vector<std::pair<std::string, LayoutRequest>> out;
+  const DeviceGroups groups = deviceGroupsOf(job);
+  for (size_t i = 0; i < job.groups.size(); ++i)
+    out.emplace_back("device group " + groups[static_cast<int>(i)].name + "'s layout", groupRequest(job, i));
+  return out;
+}
+
 }  // namespace
 
 std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecipe& prepared) {
@@ -121,25 +133,32 @@ std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecip
   const double have = hostMemoryBytes();
   if (have <= 0) return "";
   double need = 0;
+  std::string whose;  // the layout that needs the most
   try {
-    const LayoutPlan sized = planLayout(layoutRequestFromRecipe(recipe, prepared.world_size));
-    const plan::Layout layout = planLayoutOf(recipe, sized);
-    plan::DeviceSpec host;
-    host.name = "host";
-    host.memory_gib = have / (1024.0 * 1024.0 * 1024.0);
-    const Trainer& trainer = *prepared.trainer;
-    if (const auto shape = trainer.modelShape()) {
-      need = plan::peakMemory(*shape, layout, host).total();
-    } else {
-      for (int64_t stage : {int64_t{0}, static_cast<int64_t>(layout.pp - 1)}) {
-        if (const auto estimate = trainer.stageMemory(layout, stage)) need = std::max(need, estimate->total());
+    for (const auto& [name, request] : runLayouts(layoutRequestFromRecipe(recipe, prepared.world_size))) {
+      const plan::Layout layout = planLayoutOf(recipe, planLayout(request));
+      plan::DeviceSpec host;
+      host.name = "host";
+      host.memory_gib = have / (1024.0 * 1024.0 * 1024.0);
+      const Trainer& trainer = *prepared.trainer;
+      double own = 0;
+      if (const auto shape = trainer.modelShape()) {
+        own = plan::peakMemory(*shape, layout, host).total();
+      } else {
+        for (int64_t stage : {int64_t{0}, static_cast<int64_t>(layout.pp - 1)}) {
+          if (const auto estimate = trainer.stageMemory(layout, stage)) own = std::max(own, estimate->total());
+        }
+      }
+      if (whose.empty() || own > need) {
+        need = own;
+        whose = name;
       }
     }
   } catch (const Error&) {
     return "";  // the plan cannot size this model: its first allocation will say
   }
   if (!(need > have)) return "";
-  return recipePath + ": the layout is predicted to need " + memoryText(need) + " per rank, and this host has " +
+  return recipePath + ": " + whose + " is predicted to need " + memoryText(need) + " per rank, and this host has " +
          memoryText(have) + " in all: make the model, batch or sequence smaller, or split it over more ranks "
          "(`ptrain plan RECIPE` shows where the memory goes)";
 }
@@ -252,12 +271,23 @@ int cmdCheck(const CheckArgs& args) {
       return report({recipe.location("trainer.name").str() + ": trainer.name: --device and --cluster need the "
                      "trainer's model shape, and this trainer has none to give"});
     }
-    const plan::Layout planned = planLayoutOf(recipe, planLayout(layout));
-    const double need = plan::peakMemory(*shape, planned, device).total();
+    // Device groups: the group whose layout needs the most.
+    std::optional<plan::Layout> planned;
+    double need = 0;
+    std::string whose;
+    for (const auto& [name, request] : runLayouts(layout)) {
+      const plan::Layout own = planLayoutOf(recipe, planLayout(request));
+      const double ownNeed = plan::peakMemory(*shape, own, device).total();
+      if (!planned || ownNeed > need) {
+        planned = own;
+        need = ownNeed;
+        whose = name;
+      }
+    }
     const double have = device.memory_gib * 1024.0 * 1024.0 * 1024.0;
     if (need > have) {
       // The flowchart's first step, and the step at which it fits.
-      const auto advice = plan::adviseWhenOverMemory(*shape, planned, device);
+      const auto advice = plan::adviseWhenOverMemory(*shape, *planned, device);
       std::string fix = "split the model over more devices (tensor or pipeline parallelism)";
       if (!advice.empty()) {
         fix = "start with " + advice.front().override_text;
@@ -265,7 +295,7 @@ int cmdCheck(const CheckArgs& args) {
         fix += fits == advice.end() ? "; even every lever leaves it over: more devices (tp, pp)"
                                     : "; it fits from " + fits->override_text + " on";
       }
-      return report({args.recipe + ": the layout is predicted to need " + memoryText(need) + " per rank, " +
+      return report({args.recipe + ": " + whose + " is predicted to need " + memoryText(need) + " per rank, " +
                      device.name + " has " + memoryText(have) + ": " + fix + " (`ptrain plan` lists each step)"});
     }
   }
@@ -279,12 +309,13 @@ int cmdCheck(const CheckArgs& args) {
     for (size_t i = 0; i < layout.groups.size(); ++i) {
       const DeviceGroup& g = groups[static_cast<int>(i)];
       const LayoutPlan own = planLayout(groupRequest(layout, i));
+      const std::string chunks = own.sizes.vpp > 1 ? " vpp " + std::to_string(own.sizes.vpp) + " (interleaved)" : "";
       const std::string experts = own.sizes.ep > 1 || own.sizes.etp > 1
                                       ? " ep " + std::to_string(own.sizes.ep) + " etp " + std::to_string(own.sizes.etp)
                                       : "";
-      std::printf("group %s: ranks %d-%d, tp %d pp %d dp %d%s, %lld rows, micro %lld, micro-batches per rank %lld\n",
-                  g.name.c_str(), g.first_rank, g.first_rank + g.sizes.world - 1, own.sizes.tp, own.sizes.pp, own.dp,
-                  experts.c_str(),
+      std::printf("group %s: ranks %d-%d, tp %d pp %d%s dp %d%s, %lld rows, micro %lld, micro-batches per rank %lld\n",
+                  g.name.c_str(), g.first_rank, g.first_rank + g.sizes.world - 1, own.sizes.tp, own.sizes.pp,
+                  chunks.c_str(), own.dp, experts.c_str(),
                   static_cast<long long>(own.global_batch_size), static_cast<long long>(own.micro_batch_size),
                   static_cast<long long>(own.micro_batches));
     }

@@ -299,15 +299,16 @@ int printHeterogeneous(const std::string& recipePath, const plan::ModelShape& m,
     const plan::Layout& l = p.best.layout;
     std::string name = p.group.device.name;
     std::replace(name.begin(), name.end(), ' ', '_');
+    // A group whose plan interleaves runs the interleaved schedule on its own.
+    const std::string chunks = l.vpp > 1 ? ", virtual_pipeline_model_parallel_size: " + std::to_string(l.vpp) : "";
     const std::string experts = l.ep > 1 ? ", expert_model_parallel_size: " + std::to_string(l.ep) : "";
-    std::printf("    - {name: %s, ranks: %lld, tensor_model_parallel_size: %lld, pipeline_model_parallel_size: %lld%s, "
+    std::printf("    - {name: %s, ranks: %lld, tensor_model_parallel_size: %lld, pipeline_model_parallel_size: %lld%s%s, "
                 "micro_batch_size: %lld, share: %lld}\n",
                 name.c_str(), static_cast<long long>(p.group.count), static_cast<long long>(l.tp),
-                static_cast<long long>(l.pp), experts.c_str(), static_cast<long long>(l.micro_batch),
+                static_cast<long long>(l.pp), chunks.c_str(), experts.c_str(), static_cast<long long>(l.micro_batch),
                 static_cast<long long>(p.rows));
     if (l.recompute == "full" || (l.recompute == "selective" && std::string(strongest) == "none"))
       strongest = l.recompute == "full" ? "full" : "selective";
-    if (l.vpp > 1) notes.push_back(name + "'s interleaving (vpp " + std::to_string(l.vpp) + ") is not taken per group: it runs 1f1b");
     distributed = distributed || l.distributed_optimizer;
     if (l.offload_params) notes.push_back(name + "'s plan offloads parameters: offload.params is the job's, set it for every group");
   }

@@ -25,18 +25,9 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
                                "tensor_model_parallel_size: 2}, {ranks: 2}], or remove it");
     return;
   }
-  // What the runtime cannot combine yet is refused here, so `ptrain check`
-  // says it before `ptrain run` would.
-  const auto on = [&](const char* key) { return recipe.has(key) && recipe.getBool(key); };
-  for (const char* key : {"offload.grads", "offload.params"}) {
-    if (!on(key)) continue;
-    q.group_problems.push_back(recipe.location(key).str() + ": " + key +
-                               ": device groups (parallel.groups) sum the gradients where backward leaves them, "
-                               "which offloaded gradients and parameters move away: set it to false (offload.optimizer "
-                               "works with groups)");
-  }
   const char* known = "name, ranks, tensor_model_parallel_size, pipeline_model_parallel_size, "
-                      "expert_model_parallel_size, expert_tensor_parallel_size, micro_batch_size, share";
+                      "virtual_pipeline_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size, "
+                      "micro_batch_size, share";
   for (size_t i = 0; i < entries.size(); ++i) {
     const Recipe::MapEntry& entry = entries[i];
     const std::string path = key + "[" + std::to_string(i) + "]";
@@ -63,6 +54,8 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
         wholeAtLeastOne(&g.tp);
       } else if (f.key == "pipeline_model_parallel_size") {
         wholeAtLeastOne(&g.pp);
+      } else if (f.key == "virtual_pipeline_model_parallel_size") {
+        wholeAtLeastOne(&g.vpp);
       } else if (f.key == "expert_model_parallel_size") {
         wholeAtLeastOne(&g.ep);
       } else if (f.key == "expert_tensor_parallel_size") {

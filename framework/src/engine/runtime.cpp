@@ -287,19 +287,15 @@ ModelRuntime::ModelRuntime(Communicator& comm, PluginRegistry& registry, const M
 
   if (options_.device_groups && optimizer_ != nullptr) {
     const auto& run = *options_.device_groups;
-    PTRAIN_CHECK_AS(ConfigError, !options_.offload.grads && !options_.offload.params,
-                    "parallel.groups: device groups sum the gradients where backward leaves them; set offload.grads "
-                    "and offload.params to false");
     std::vector<CrossGroupGradients::Held> held;
     for (auto& [name, p] : model_->localParameters()) {
       if (!p.requires_grad()) continue;
       const ParameterPlacement& where = model_->placement.of(name);
-      PTRAIN_CHECK_AS(ConfigError, !where.row_sparse_gradient, "parallel.groups: parameter '", name,
-                      "' has row-sparse gradients (an embedding table), which device groups do not sum yet; "
-                      "remove parallel.groups");
-      held.push_back(CrossGroupGradients::Held{name, p, where.fullSizes(p.sizes()), where.offsets(p.sizes())});
+      held.push_back(CrossGroupGradients::Held{name, p, where.fullSizes(p.sizes()), where.offsets(p.sizes()),
+                                               where.row_sparse_gradient});
     }
-    crossGroup_ = std::make_shared<CrossGroupGradients>(std::move(held), *run.groups, run.group, run.job);
+    crossGroup_ =
+        std::make_shared<CrossGroupGradients>(std::move(held), *run.groups, run.group, run.job, options_.device);
     // Right after the precision plugin: its finishGradients (hooks unwind in
     // reverse) comes after the sum, every parallel plugin's and the
     // distributed optimizer's (its whole-sum all-reduces) before it.

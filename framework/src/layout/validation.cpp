@@ -198,10 +198,12 @@ std::string inGroup(std::string line, size_t index, const std::string& name) {
       if (at != std::string::npos) line.replace(at, from.size(), to);
     }
   }
-  // Its global batch is its rows of the job's.
+  // Its global batch is its rows of the job's; a pipeline_layout is not
+  // a group's to give (refused beside groups).
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
            {"global_batch_size=", "the group's rows of global_batch_size="},
-           {"use global_batch_size ", "use shares that give it "}}) {
+           {"use global_batch_size ", "use shares that give it "},
+           {", or give parallel.pipeline_layout", ""}}) {
     const size_t at = line.find(from);
     if (at != std::string::npos) line.replace(at, from.size(), to);
   }
@@ -275,7 +277,10 @@ LayoutRequest groupRequest(const LayoutRequest& request, size_t index) {
   q.world = g.ranks;
   q.tp = g.tp;
   q.pp = g.pp;
-  q.vpp = 1;
+  // A group with chunks interleaves; the job's pipeline_schedule is for the
+  // groups without (the pipeline plugin runs the same rule).
+  q.vpp = g.vpp;
+  if (g.vpp > 1) q.pipeline_schedule = "interleaved";
   q.cp = 1;
   // Megatron's default expert tensor parallelism is the group's tp (for an
   // expert model; a dense one has no expert grid).
@@ -288,9 +293,10 @@ LayoutRequest groupRequest(const LayoutRequest& request, size_t index) {
   // The group's own sizes are written at its entry.
   const std::string entry = g.where;
   auto outer = request.where;
-  for (const char* key : {kTp, kPp, kEp, kEtp, kMicro}) q.written.insert(key);
+  for (const char* key : {kTp, kPp, kVpp, kEp, kEtp, kMicro}) q.written.insert(key);
   q.where = [entry, outer](const std::string& key) {
-    if (!entry.empty() && (key == kTp || key == kPp || key == kEp || key == kEtp || key == kMicro || key == kGlobal)) {
+    if (!entry.empty() && (key == kTp || key == kPp || key == kVpp || key == kEp || key == kEtp || key == kMicro ||
+                           key == kGlobal)) {
       return entry;
     }
     return outer ? outer(key) : entry;
@@ -308,6 +314,7 @@ DeviceGroups deviceGroupsOf(const LayoutRequest& request) {
     d.sizes.world = static_cast<int>(g.ranks);
     d.sizes.tp = static_cast<int>(g.tp);
     d.sizes.pp = static_cast<int>(g.pp);
+    d.sizes.vpp = static_cast<int>(g.vpp);
     // As planLayout: a dense model has no expert grid.
     const bool moe = request.num_experts.value_or(0) > 0;
     d.sizes.ep = moe ? static_cast<int>(g.ep) : 1;

@@ -84,7 +84,8 @@ void describeCoreKeys(Schema& s) {
             "Device groups of one job, in rank order, each a whole replica of the model in its own layout: "
             "[{name: a100, ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 1, "
             "micro_batch_size: 2, share: 3}, ...] (share: its weight in the split of the global batch, default its "
-            "rank count; an expert model's groups also take expert_model_parallel_size and "
+            "rank count; virtual_pipeline_model_parallel_size > 1 interleaves that group's pipeline; an expert "
+            "model's groups also take expert_model_parallel_size and "
             "expert_tensor_parallel_size); gradients are summed across the groups, so every group trains the same model "
             "(docs/planning.md)."));
   s.add(above(key("parallel.grad_bucket_size_mb", T::kFloat, "4", "Size of the gradient buffer's buckets, each reduced over the data-parallel group in one collective (an all-reduce, or the distributed optimizer's reduce-scatter)."), 0));

@@ -58,7 +58,6 @@ class PipelineParallel final : public ParallelPlugin {
   explicit PipelineParallel(const PluginContext& ctx) : device_(ctx.device) {
     if (ctx.recipe == nullptr) return;
     const Recipe& recipe = *ctx.recipe;
-    chunks_ = static_cast<int>(recipe.getInt("parallel.virtual_pipeline_model_parallel_size"));
     kind_ = scheduleFromName(recipe.getString("parallel.pipeline_schedule"));
     if (recipe.has("parallel.pipeline_layout")) {
       for (int64_t n : recipe.getIntList("parallel.pipeline_layout")) layout_.push_back(static_cast<int>(n));
@@ -88,8 +87,18 @@ class PipelineParallel final : public ParallelPlugin {
     return blocks;
   }
 
+  // The virtual chunks per stage come from the layout this rank runs in, not
+  // the recipe's job-wide key: a device group (parallel.groups) has its own
+  // vpp, and interleaves whenever it is above 1 (the layout check refuses an
+  // interleaved schedule without chunks and chunks without one).
+  void takeChunks(const LayoutGroups& groups) {
+    chunks_ = groups.layout().vpp();
+    if (chunks_ > 1) kind_ = ScheduleKind::kInterleaved;
+  }
+
   void planBuild(StagedModel& outline, const LayoutGroups& groups, ModelBuild& build) override {
     auto group = groups.group(GroupKind::kPipeline);
+    takeChunks(groups);
     blocks_ = partition(outline, group->size() * chunks_);
     std::vector<int> mine;
     for (int c = 0; c < chunks_; ++c) {
@@ -105,6 +114,7 @@ class PipelineParallel final : public ParallelPlugin {
   void apply(StagedModel& model, const LayoutGroups& groups) override {
     auto group = groups.group(GroupKind::kPipeline);
     const int stages = group->size();
+    takeChunks(groups);
     if (blocks_.empty()) blocks_ = partition(model, stages * chunks_);  // built whole, without planBuild
     link_ = std::make_shared<StageLink>(group, chunks_, blocks_);
 

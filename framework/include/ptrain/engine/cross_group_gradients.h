@@ -49,11 +49,17 @@ class PTRAIN_API CrossGroupGradients final : public StepHooks {
     at::Tensor param;
     std::vector<int64_t> full;     // the whole parameter's sizes
     std::vector<int64_t> offsets;  // of param's block in it (sizes: param's)
+    // A table [rows, dim] whose gradient is zero outside the rows a step
+    // looked up (ParameterPlacement::row_sparse_gradient): its parts travel
+    // as the touched rows and their indices.
+    bool row_sparse = false;
   };
-  // Collective over `job` (every rank of every group). Throws ConfigError
-  // when another group does not hold all of a block (a different model).
+  // Collective over `job` (every rank of every group), whose backend works
+  // on `device` (the messages and the sums go there; a gradient may rest
+  // elsewhere, in an offload tier). Throws ConfigError when another group
+  // does not hold all of a block (a different model).
   CrossGroupGradients(std::vector<Held> held, const DeviceGroups& groups, int group,
-                      std::shared_ptr<ProcessGroup> job);
+                      std::shared_ptr<ProcessGroup> job, at::Device device);
   ~CrossGroupGradients() override;
 
   void finishGradients() override;
@@ -74,12 +80,20 @@ class PTRAIN_API CrossGroupGradients final : public StepHooks {
     std::vector<Box> send, recv;    // in an order both ends agree on
     int64_t send_numel = 0, recv_numel = 0;
   };
+  // Another group's part of a held parameter, as received.
+  struct Part {
+    const Box* box = nullptr;
+    at::Tensor values;  // the box's values; row-sparse: its rows' values
+    at::Tensor rows;    // row-sparse: the box's rows they are; else undefined
+  };
   at::Tensor local(size_t param, const Box& box, const at::Tensor& t) const;
+  void sumRows(size_t param, at::Tensor& grad, const std::vector<std::vector<Part>>& byGroup) const;
 
   std::vector<Held> held_;
   int group_ = 0;
   int groups_ = 1;
   std::shared_ptr<ProcessGroup> job_;
+  at::Device device_;
   std::vector<Peer> peers_;
   double bytes_ = 0, seconds_ = 0;
 };

@@ -66,6 +66,7 @@ struct LayoutRequest {
     std::string where;  // its entry, "file:line:col"
     int64_t ranks = 0;
     int64_t tp = 1, pp = 1;
+    int64_t vpp = 1;                // virtual_pipeline_model_parallel_size: >1 runs the interleaved schedule
     int64_t ep = 1;                 // expert_model_parallel_size
     std::optional<int64_t> etp;     // expert_tensor_parallel_size; unset: its tp (Megatron's default)
     std::optional<int64_t> micro_batch_size;  // unset: train.micro_batch_size
