@@ -238,6 +238,8 @@ TEST(RecommenderTrainer, CheckHoldsEachDeviceGroupToTheTablesAndExperts) {
   auto ok = check("6", {"parallel.groups=[{ranks: 4, tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2,"
                         " expert_tensor_parallel_size: 1, share: 1}, {ranks: 2, expert_model_parallel_size: 2, share: 1}]"});
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  // The job's sequence parallelism serves group 0's tp; group 1 (tp 1) is not warned about it.
+  EXPECT_EQ(ok.output.find("sequence_parallel has no effect"), std::string::npos) << ok.output;
 }
 
 TEST(RecommenderTrainer, RefusesKeysOfOtherTrainersInOneLine) {

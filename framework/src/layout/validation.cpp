@@ -511,8 +511,14 @@ std::vector<std::string> layoutWarnings(const LayoutRequest& request) {
   if (request.world < 1) return out;
   if (!request.groups.empty()) {
     if (!checkLayout(request).empty()) return out;
+    bool anyTensorParallel = false;
+    for (const auto& g : request.groups) anyTensorParallel = anyTensorParallel || g.tp > 1;
     for (size_t i = 0; i < request.groups.size(); ++i) {
-      for (const auto& line : layoutWarnings(groupRequest(request, i))) {
+      LayoutRequest group = groupRequest(request, i);
+      // The job's sequence parallelism serves the groups with tp > 1; a
+      // group without tensor parallelism has nothing to split, and loses nothing.
+      if (anyTensorParallel && group.tp == 1) group.sequence_parallel = false;
+      for (const auto& line : layoutWarnings(group)) {
         out.push_back(inGroup(line, i, groupName(request.groups[i], i)));
       }
     }
