@@ -131,7 +131,8 @@ double relDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 
 // The whole trainer (group norm, dilated channel-parallel convolutions, the
 // focal and L1 losses over the global batch) trains the one-rank model at
-// tp 2 x dp 2 and at pp 2: 1e-5 at step 1, 1e-4 over 20 steps.
+// tp 2 x dp 2, at pp 2, and in two device groups (tp 2 | one rank): 1e-5 at
+// step 1, 1e-4 over 20 steps.
 TEST(DetectionTrainer, ParallelLayoutsTrainTheOneRankModel) {
   PTRAIN_LONG_TEST();
   TempDir tmp;
@@ -149,6 +150,10 @@ TEST(DetectionTrainer, ParallelLayoutsTrainTheOneRankModel) {
   const std::map<std::string, std::map<int, double>> layouts{
       {"tp2_dp2", run("tp2_dp2", "4", {"parallel.tensor_model_parallel_size=2"})},
       {"pp2", run("pp2", "2", {"parallel.pipeline_model_parallel_size=2", "train.micro_batch_size=4"})},
+      // Device groups: tp 2 on two ranks beside one rank, half the batch each.
+      {"groups", run("groups", "3",
+                     {"parallel.groups=[{name: a, ranks: 2, tensor_model_parallel_size: 2, share: 1},"
+                      " {name: b, ranks: 1, share: 1}]"})},
   };
   for (const auto& [name, losses] : layouts) {
     ASSERT_EQ(losses.size(), one.size()) << name;

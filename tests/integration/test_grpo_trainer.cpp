@@ -5,11 +5,13 @@
 // verl's names, its dumped rollouts hold group advantages the test recomputes
 // from the rewards, and the same run with the rollout at the actor's tp
 // samples the same tokens; with the reference's parameters offloaded the run
-// is the same bit for bit. `ptrain check` refuses verl's known failures, one
-// line each.
+// is the same bit for bit; device groups (a tp 2 group and a tp 1 group)
+// sample the same tokens and follow the same curve. `ptrain check` refuses
+// verl's known failures, and a device group GRPO cannot run, one line each.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -165,6 +167,109 @@ TEST(GrpoTrainer, AnOffloadedReferenceGivesTheSameRun) {
       EXPECT_EQ(x[key], y[key]) << key << " step " << step;
     }
   }
+}
+
+// configs/grpo/arith_grpo.yaml without its job-wide tensor parallelism,
+// which device groups refuse beside their own (written into `tmp`).
+std::string recipeForGroups(const TempDir& tmp) {
+  std::string text = ptrain::test::readFile(config("arith_grpo.yaml"));
+  const std::string parallel = "parallel:\n  tensor_model_parallel_size: 2\n";
+  const size_t at = text.find(parallel);
+  EXPECT_NE(at, std::string::npos) << "arith_grpo.yaml's parallel section changed";
+  if (at != std::string::npos) text.erase(at, parallel.size());
+  return tmp.write("arith_grpo_groups.yaml", text);
+}
+
+// Device groups (parallel.groups) run GRPO's three models in each group's own
+// layout: group a tp 2 on 2 ranks, group b on 1, half the samples each. The
+// rollout samples the same tokens as the recipe's one layout (tp 2 on 2
+// ranks), each row once over the job, and the run follows the same curve.
+TEST(GrpoTrainer, DeviceGroupsSampleAndTrainAsOneLayout) {
+  PTRAIN_LONG_TEST();
+  TempDir tmp;
+  const std::string sft = tmp.path() + "/sft";
+  std::vector<std::string> sftArgs{"run", config("arith_sft.yaml"), "--run-dir", sft, "--nproc", "1",
+                                   "launch.nproc=1", "train.steps=40", "train.eval_every=0"};
+  sftArgs.insert(sftArgs.end(), kTinyData.begin(), kTinyData.end());
+  ASSERT_EQ(runPtrain(sftArgs, {}, 300).exit_code, 0);
+  auto r = runPtrain(grpoArgs(tmp.path() + "/one", sft, {}), {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> args = grpoArgs(
+      tmp.path() + "/groups", sft,
+      {"--nproc", "3", "launch.nproc=3",
+       "parallel.groups=[{name: a, ranks: 2, tensor_model_parallel_size: 2, share: 1}, {name: b, ranks: 1, share: 1}]"});
+  args[1] = recipeForGroups(tmp);
+  r = runPtrain(args, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto one = jsonLines(tmp.path() + "/one/rollouts.jsonl");
+  const auto groups = jsonLines(tmp.path() + "/groups/rollouts.jsonl");
+  ASSERT_EQ(groups.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(groups[i]["response"], one[i]["response"]) << i;
+    EXPECT_EQ(groups[i]["reward"], one[i]["reward"]) << i;
+    for (size_t t = 0; t < one[i]["old_log_probs"].size(); ++t) {
+      EXPECT_NEAR(groups[i]["old_log_probs"][t].get<double>(), one[i]["old_log_probs"][t].get<double>(), 1e-5) << i;
+    }
+  }
+  const auto a = ptrain::test::readTrainingSteps(tmp.path() + "/one");
+  const auto b = ptrain::test::readTrainingSteps(tmp.path() + "/groups");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (const auto& [step, text] : a) {
+    const auto x = nlohmann::json::parse(text), y = nlohmann::json::parse(b.at(step));
+    EXPECT_EQ(x["critic/score/mean"], y["critic/score/mean"]) << step;
+    for (const char* key : {"actor/pg_loss", "actor/kl_loss", "actor/entropy"}) {
+      EXPECT_NEAR(x[key].get<double>(), y[key].get<double>(), 1e-4) << key << " step " << step;
+    }
+    EXPECT_NEAR(x["actor/grad_norm"].get<double>(), y["actor/grad_norm"].get<double>(),
+                1e-4 * x["actor/grad_norm"].get<double>())
+        << step;
+    std::printf("step %d: pg_loss %.6g vs %.6g, grad_norm %.6g vs %.6g\n", step, x["actor/pg_loss"].get<double>(),
+                y["actor/pg_loss"].get<double>(), x["actor/grad_norm"].get<double>(),
+                y["actor/grad_norm"].get<double>());
+  }
+}
+
+// Each device group's layout against GRPO's own rules, one line naming the group.
+TEST(GrpoTrainer, CheckHoldsEachDeviceGroupToTheRolloutAndActorSplits) {
+  TempDir tmp;
+  const std::string recipe = recipeForGroups(tmp);
+  auto check = [&](std::vector<std::string> extra) {
+    // Each group takes 256 of a step's 512 samples: micro-batches of 256.
+    std::vector<std::string> args{"check", recipe, "actor_rollout_ref.model.path=", "--nproc", "3", "launch.nproc=3",
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return runPtrain(args, {}, 120);
+  };
+  const std::string ok = "parallel.groups=[{name: a, ranks: 2, tensor_model_parallel_size: 2, share: 1},"
+                         " {name: b, ranks: 1, share: 1}]";
+  auto r = check({ok});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = check({"parallel.groups=[{name: a, ranks: 2, pipeline_model_parallel_size: 2, share: 1},"
+             " {name: b, ranks: 1, share: 1}]"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.groups[0] (a): pipeline_model_parallel_size=2: the grpo trainer's models run "
+                          "without a pipeline"),
+            std::string::npos)
+      << r.output;
+  r = check({"parallel.groups=[{name: a, ranks: 2, tensor_model_parallel_size: 2, micro_batch_size: 4, share: 1},"
+             " {name: b, ranks: 1, share: 1}]"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.groups[0] (a): micro_batch_size: the grpo trainer's actor takes"),
+            std::string::npos)
+      << r.output;
+  // Shares that give a group no whole rows of the 512 samples.
+  r = check({"parallel.groups=[{name: a, ranks: 2, tensor_model_parallel_size: 2, share: 1},"
+             " {name: b, ranks: 1, share: 2}]"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("does not split by the device groups' shares"), std::string::npos) << r.output;
+  // The rollout's tp against a group's ranks.
+  r = check({ok, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.groups[1] (b): actor_rollout_ref.rollout.tensor_model_parallel_size=2 does not "
+                          "divide the group's ranks 1: use 1"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(GrpoTrainer, CheckRefusesVerlsKnownFailuresOneLineEach) {

@@ -62,8 +62,10 @@ ActorStats updateActor(const GptModels& models, ModelRuntime& actor, const Batch
   };
   const StepResult result = actor.step(in);
 
-  auto dp = actor.groups().group(GroupKind::kData);
-  if (dp->size() > 1) dp->allreduce(sums)->wait();
+  // Over the data-parallel ranks (under device groups, over every group's).
+  const std::vector<double> summed =
+      actor.sumOverDataParallel(std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + sums.numel()));
+  sums = torch::tensor(summed, torch::kFloat64);
   const double tokens = std::max(1.0, sums[6].item<double>());
   ActorStats stats;
   stats.pg_loss = sums[0].item<double>() / aggregation.divisor;

@@ -21,6 +21,13 @@ struct GrpoLayoutRequest {
   int64_t ppo_micro_batch_size_per_gpu = 1;   // actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (samples)
   int64_t num_attention_heads = 0;            // model.num_attention_heads; 0: not checked
   int64_t padded_vocab = 0;                   // the embedding's rows after padding; 0: not checked
+  // A device group's layout (parallel.groups): `world`, `actor_tp` and
+  // `rollout_tp` are the group's, `samples` and `mini_samples` its rows of a
+  // step's and of a mini-batch's samples, and every line names it ("" and 0:
+  // the job's own layout, train_batch_size x n and ppo_mini_batch_size x n).
+  std::string group;
+  int64_t samples = 0;
+  int64_t mini_samples = 0;
 };
 
 // Every problem, one line each; empty when the layout can run.

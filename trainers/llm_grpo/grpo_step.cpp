@@ -57,22 +57,33 @@ GrpoStepResult grpoStep(const GptModels& models, ModelRuntime& actor, ModelRunti
   Batch batch = ppoBatch(out.rollout, advantages, o.rollout.pad_id);
   m["critic/advantages/mean"] = maskedMean(batch.at("advantages"), batch.at("response_mask")).item<double>();
 
+  const int64_t prompts_ = static_cast<int64_t>(prompts.size());
+  const int64_t mini = o.ppo_mini_batch_size > 0 ? o.ppo_mini_batch_size : prompts_;
+  PTRAIN_CHECK_AS(ConfigError, prompts_ % mini == 0, "ppo_mini_batch_size=", mini, " does not divide the ",
+                  prompts_, " prompts of a step");
+  // Mini-batch by mini-batch, so that each rank computes the old and the
+  // reference log-probabilities of the very rows it trains on, in its own
+  // layout: under device groups a group's rows of a mini-batch are not its
+  // rows of the whole batch, and a probability ratio between two layouts'
+  // roundings, or a KL term between them, would not be exactly 1 or 0 where
+  // one layout gives exactly that (Adam turns even 1e-7 into a full step).
+  auto byMiniBatch = [&](ModelRuntime& runtime, int64_t microBatchSize) {
+    std::vector<at::Tensor> parts;
+    for (int64_t first = 0; first < prompts_; first += mini)
+      parts.push_back(targetLogProbs(models, runtime, batch.slice(first * n, (first + mini) * n), microBatchSize));
+    return torch::cat(parts, 0);
+  };
   t = Clock::now();
-  batch.tensors["old_log_probs"] = targetLogProbs(models, actor, batch, o.log_prob_micro_batch_size);
+  batch.tensors["old_log_probs"] = byMiniBatch(actor, o.log_prob_micro_batch_size);
   m["timing_s/old_log_prob"] = since(t);
   t = Clock::now();
   batch.tensors["ref_log_probs"] =
-      reference != nullptr ? targetLogProbs(models, *reference, batch, o.ref_log_prob_micro_batch_size)
-                           : batch.at("old_log_probs");
+      reference != nullptr ? byMiniBatch(*reference, o.ref_log_prob_micro_batch_size) : batch.at("old_log_probs");
   m["timing_s/ref"] = since(t);
 
   // PPO epochs over mini-batches of whole prompt groups.
   rolloutPhase.reset();
   t = Clock::now();
-  const int64_t prompts_ = static_cast<int64_t>(prompts.size());
-  const int64_t mini = o.ppo_mini_batch_size > 0 ? o.ppo_mini_batch_size : prompts_;
-  PTRAIN_CHECK_AS(ConfigError, prompts_ % mini == 0, "ppo_mini_batch_size=", mini, " does not divide the ",
-                  prompts_, " prompts of a step");
   std::map<std::string, double> sums;
   int64_t updates = 0;
   int64_t nonfiniteUpdates = 0;

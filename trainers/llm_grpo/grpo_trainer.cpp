@@ -16,7 +16,10 @@
 #include "ptrain/core/resources.h"
 #include "ptrain/engine/checkpoint_io.h"
 #include "ptrain/engine/engine.h"
+#include "ptrain/engine/recipe_layout.h"
 #include "ptrain/engine/runtime.h"
+#include "ptrain/layout/device_groups.h"
+#include "ptrain/layout/validation.h"
 #include "ptrain/recipe/key_specs.h"
 #include "ptrain/recipe/recipe.h"
 
@@ -117,10 +120,10 @@ void GrpoTrainer::describeKeys(Schema& schema) const {
                          "parallelism; the actor's weights are resharded onto it every step. 0: the actor's."),
                      0));
   schema.add(atLeast(key(kRollout + "log_prob_micro_batch_size_per_gpu", T::kInt, "0",
-                         "Samples per pass when the actor's old log-probabilities are computed; 0: a rank's share."),
+                         "Samples per pass when the actor's old log-probabilities are computed (mini-batch by mini-batch); 0: a rank's share of a mini-batch."),
                      0));
   schema.add(atLeast(key(kRef + "log_prob_micro_batch_size_per_gpu", T::kInt, "0",
-                         "Samples per pass of the reference's log-probabilities; 0: a rank's share."),
+                         "Samples per pass of the reference's log-probabilities (mini-batch by mini-batch); 0: a rank's share of a mini-batch."),
                      0));
   schema.add(key(kRef + "param_offload", T::kBool, "false",
                  "Keep the reference's parameters in the offload tier (offload/tiered: disk on cpu) between uses."));
@@ -142,10 +145,6 @@ void GrpoTrainer::describeKeys(Schema& schema) const {
 void GrpoTrainer::setup(const Recipe& recipe) {
   LlmTrainer::setup(recipe);
   const llm::GptConfig& c = modelConfig();
-  if (recipe.has("parallel.groups")) {
-    recipe.fail("parallel.groups", "the grpo trainer runs its actor, reference and rollout models on one layout of "
-                                   "the job's ranks; device groups train one model: remove parallel.groups");
-  }
   if (corpus() != nullptr) {
     recipe.fail("data.name", "megatron: the GRPO trainer samples responses to prompts and rewards their answers; use "
                              "arithmetic or prompts (JSONL of prompt and answer)");
@@ -174,30 +173,81 @@ void GrpoTrainer::setup(const Recipe& recipe) {
   }
   train_batch_size_ = recipe.getInt("data.train_batch_size");
   const int64_t actorTp = recipe.getInt("parallel.tensor_model_parallel_size");
+  // 0: the actor's tp (under device groups, each group's own).
   rollout_tp_ = recipe.getInt(kRollout + "tensor_model_parallel_size");
-  if (rollout_tp_ == 0) rollout_tp_ = actorTp;
   const int64_t mini = recipe.getInt(kActor + "ppo_mini_batch_size");
   const int64_t micro = recipe.getInt(kActor + "ppo_micro_batch_size_per_gpu");
 
-  GrpoLayoutRequest q;
-  q.world = world_size_;
-  q.train_batch_size = train_batch_size_;
-  q.rollout_n = n;
-  q.actor_tp = actorTp;
-  q.rollout_tp = rollout_tp_;
-  q.ppo_mini_batch_size = mini > 0 ? mini : train_batch_size_;
-  const int64_t actorDp = world_size_ % actorTp == 0 ? world_size_ / actorTp : 1;
-  q.ppo_micro_batch_size_per_gpu = micro > 0 ? micro : q.ppo_mini_batch_size * n / actorDp;
-  q.num_attention_heads = c.num_heads;
-  q.padded_vocab = c.paddedVocab();
-  std::vector<std::string> problems = checkGrpoLayout(q);
+  // The layouts the three models run in: the job's, or each device group's
+  // own (parallel.groups), each with its rows of a step's and a mini-batch's
+  // samples.
+  const LayoutRequest job = layoutRequestFromRecipe(recipe, world_size_);
+  std::vector<std::string> problems;
+  auto request = [&](int64_t world, int64_t tp) {
+    GrpoLayoutRequest q;
+    q.world = world;
+    q.train_batch_size = train_batch_size_;
+    q.rollout_n = n;
+    q.actor_tp = tp;
+    q.rollout_tp = rollout_tp_ > 0 ? rollout_tp_ : tp;
+    q.ppo_mini_batch_size = mini > 0 ? mini : train_batch_size_;
+    q.num_attention_heads = c.num_heads;
+    q.padded_vocab = c.paddedVocab();
+    return q;
+  };
+  if (job.groups.empty()) {
+    GrpoLayoutRequest q = request(world_size_, actorTp);
+    const int64_t actorDp = world_size_ % actorTp == 0 ? world_size_ / actorTp : 1;
+    q.ppo_micro_batch_size_per_gpu = micro > 0 ? micro : q.ppo_mini_batch_size * n / actorDp;
+    problems = checkGrpoLayout(q);
+  } else {
+    const DeviceGroups groups = deviceGroupsOf(job);
+    const int64_t miniPrompts = mini > 0 ? mini : train_batch_size_;
+    const auto stepRows = groups.rows(train_batch_size_ * n);
+    const auto miniRows = groups.rows(miniPrompts * n);
+    if (!stepRows || !miniRows) {
+      problems.push_back("parallel.groups: the device groups' shares do not split a step's " +
+                         std::to_string(train_batch_size_ * n) + " samples and a mini-batch's " +
+                         std::to_string(miniPrompts * n) + " (ppo_mini_batch_size x rollout.n) into whole rows: "
+                         "change the shares, data.train_batch_size or ppo_mini_batch_size");
+    }
+    // The step's prompts into mini-batches, once for the job.
+    GrpoLayoutRequest batches = request(1, 1);
+    batches.rollout_tp = 1;
+    batches.ppo_micro_batch_size_per_gpu = 1;
+    for (auto& line : checkGrpoLayout(batches)) problems.push_back(std::move(line));
+    for (int i = 0; stepRows.has_value() && miniRows.has_value() && i < groups.size(); ++i) {
+      const DeviceGroup& g = groups[i];
+      const std::string name = "parallel.groups[" + std::to_string(i) + "] (" + g.name + ")";
+      if (g.sizes.pp != 1) {
+        problems.push_back(name + ": pipeline_model_parallel_size=" + std::to_string(g.sizes.pp) +
+                           ": the grpo trainer's models run without a pipeline (sampling decodes one token at a "
+                           "time through the whole model); use 1 and tensor_model_parallel_size");
+        continue;
+      }
+      if (job.groups[static_cast<size_t>(i)].micro_batch_size) {
+        problems.push_back(name + ": micro_batch_size: the grpo trainer's actor takes " + kActor +
+                           "ppo_micro_batch_size_per_gpu in every group; remove the group's micro_batch_size");
+        continue;
+      }
+      GrpoLayoutRequest q = request(g.sizes.world, g.sizes.tp);
+      q.group = name;
+      const auto [begin, end] = (*stepRows)[static_cast<size_t>(i)];
+      const auto [miniBegin, miniEnd] = (*miniRows)[static_cast<size_t>(i)];
+      q.samples = end - begin;
+      q.mini_samples = miniEnd - miniBegin;
+      const int64_t dp = std::max<int64_t>(1, g.sizes.world / g.sizes.tp);
+      q.ppo_micro_batch_size_per_gpu = micro > 0 ? micro : std::max<int64_t>(1, q.mini_samples / dp);
+      for (auto& line : checkGrpoLayout(q)) problems.push_back(std::move(line));
+    }
+  }
   // The core's batch keys size the actor's optimizer step for `ptrain check`
   // and `ptrain plan`: they must say what the trainer runs.
-  const int64_t stepSamples = q.ppo_mini_batch_size * n;
+  const int64_t stepSamples = (mini > 0 ? mini : train_batch_size_) * n;
   if (recipe.getInt("train.global_batch_size") != stepSamples) {
     problems.push_back("train.global_batch_size=" + std::to_string(recipe.getInt("train.global_batch_size")) +
                        " is not the actor's optimizer step, actor_rollout_ref.actor.ppo_mini_batch_size (" +
-                       std::to_string(q.ppo_mini_batch_size) + ") x rollout.n (" + std::to_string(n) + ") = " +
+                       std::to_string(stepSamples / n) + ") x rollout.n (" + std::to_string(n) + ") = " +
                        std::to_string(stepSamples) + " samples: set it to " + std::to_string(stepSamples));
   }
   if (recipe.has("train.micro_batch_size") && micro > 0 && recipe.getInt("train.micro_batch_size") != micro) {
@@ -361,9 +411,11 @@ TrainSummary GrpoTrainer::train(TrainingSession& session) {
   actorOptions.optimizer->total_steps = recipe.getInt("train.steps") * options_.ppo_epochs * (train_batch_size_ / mini);
   RuntimeOptions rolloutOptions = actorOptions;
   rolloutOptions.name = "rollout";
+  // Over the actor's ranks (under device groups, the group's), at the
+  // rollout's tp (0: the actor's).
   LayoutSizes sizes;
-  sizes.world = session.comm().layout().sizes().world;
-  sizes.tp = static_cast<int>(rollout_tp_);
+  sizes.world = actorOptions.layout.sizes().world;
+  sizes.tp = rollout_tp_ > 0 ? static_cast<int>(rollout_tp_) : actorOptions.layout.sizes().tp;
   rolloutOptions.layout = ParallelLayout(sizes);
   rolloutOptions.optimizer.reset();
   rolloutOptions.offload = OffloadSettings{};

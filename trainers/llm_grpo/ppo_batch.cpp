@@ -66,13 +66,8 @@ at::Tensor targetLogProbs(const GptModels& models, ModelRuntime& runtime, const 
       parts.push_back(gpt.tokenLogProbs(hidden, micro.at("targets")));
     }
   });
-  at::Tensor local = torch::cat(parts, 0).contiguous();
-  auto dp = runtime.groups().group(GroupKind::kData);
-  if (dp->size() == 1) return local.cpu();
-  // On the model's device: the group's backend (NCCL on cuda) gathers there.
-  at::Tensor all = torch::empty({local.size(0) * dp->size(), local.size(1)}, local.options());
-  dp->allgather(all, local)->wait();
-  return all.cpu();
+  // Every data-parallel rank's rows (under device groups, every group's), on every rank.
+  return runtime.assembleRows(torch::cat(parts, 0).contiguous(), inputs.size()).cpu();
 }
 
 }  // namespace ptrain::grpo

@@ -89,16 +89,14 @@ Rollout generate(llm::GptModel& model, const std::vector<std::vector<int64_t>>& 
 
 Rollout generateOnLayout(const GptModels& models, ModelRuntime& runtime,
                          const std::vector<std::vector<int64_t>>& prompts, const RolloutOptions& o) {
-  auto dp = runtime.groups().group(GroupKind::kData);
   const int64_t rows = static_cast<int64_t>(prompts.size()) * o.n;
-  const int64_t ranks = dp->size();
-  PTRAIN_CHECK_AS(ConfigError, rows % ranks == 0, "the rollout's ", rows, " samples (", prompts.size(),
-                  " prompts x n=", o.n, ") do not split over its ", ranks,
-                  " data-parallel ranks: make train_batch_size * rollout.n a multiple of the rollout's dp");
-  const int64_t share = rows / ranks, first = share * dp->rank();
+  // This rank's rows (an even share of the data-parallel ranks; under device
+  // groups its group's share, split over the group's).
+  const auto [first, last] = runtime.dataRows(rows);
+  const int64_t share = last - first;
   // This rank's rows, one prompt each.
   std::vector<std::vector<int64_t>> mine;
-  for (int64_t r = first; r < first + share; ++r) mine.push_back(prompts[static_cast<size_t>(r / o.n)]);
+  for (int64_t r = first; r < last; ++r) mine.push_back(prompts[static_cast<size_t>(r / o.n)]);
   RolloutOptions single = o;
   single.n = 1;
   Rollout local;
@@ -110,7 +108,7 @@ Rollout generateOnLayout(const GptModels& models, ModelRuntime& runtime,
   for (const auto& p : prompts)
     for (int64_t s = 0; s < o.n; ++s) out.prompts.push_back(p);
   out.responses.resize(static_cast<size_t>(rows));
-  // Responses padded with -1 to the longest possible, gathered in rank order.
+  // Responses padded with -1 to the longest possible, assembled in row order.
   const int64_t width = std::max<int64_t>(1, o.max_response_length);
   at::Tensor block = torch::full({share, width}, -1, torch::kInt64);
   for (int64_t r = 0; r < share; ++r) {
@@ -119,14 +117,7 @@ Rollout generateOnLayout(const GptModels& models, ModelRuntime& runtime,
       block[r].narrow(0, 0, static_cast<int64_t>(response.size())).copy_(torch::tensor(response, torch::kInt64));
     }
   }
-  at::Tensor all = block;
-  if (ranks > 1) {
-    const at::Device device = runtime.device();
-    at::Tensor onDevice = block.to(device);
-    at::Tensor gathered = torch::empty({rows, width}, onDevice.options());
-    dp->allgather(gathered, onDevice)->wait();
-    all = gathered.cpu();
-  }
+  const at::Tensor all = runtime.assembleRows(block, rows).cpu();
   const int64_t* data = all.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < width && data[r * width + i] >= 0; ++i) {

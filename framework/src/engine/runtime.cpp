@@ -395,6 +395,26 @@ std::vector<double> ModelRuntime::sumOverDataParallel(const std::vector<double>&
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
+at::Tensor ModelRuntime::assembleRows(const at::Tensor& mine, int64_t rows) const {
+  const auto [begin, end] = dataRows(rows);
+  PTRAIN_CHECK(mine.dim() >= 1 && mine.size(0) == end - begin, "runtime '", options_.name, "': assembleRows got ",
+               mine.sizes(), " for rows [", begin, ", ", end, ")");
+  auto dpGroup = groups_->group(GroupKind::kData);
+  if (!options_.device_groups && dpGroup->size() == 1) return mine.to(device());
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape[0] = rows;
+  at::Tensor all = torch::zeros(shape, mine.options().device(device()));
+  // Over the job every model-parallel rank of a replica holds the same
+  // block: the first one's counts. Inside one layout the data-parallel
+  // group has one rank of each replica already.
+  if (!options_.device_groups || groups_->indexIn(GroupKind::kModel) == 0) {
+    all.narrow(0, begin, end - begin).copy_(mine);
+  }
+  ProcessGroup& over = options_.device_groups ? *options_.device_groups->job : *dpGroup;
+  over.allreduce(all)->wait();
+  return all;
+}
+
 at::Tensor ModelRuntime::runBlock(int index, const at::Tensor& input) {
   BlockRunner next = [this, index](const at::Tensor& x) { return model_->runBlock(index, x); };
   // The first hook ends up outermost.

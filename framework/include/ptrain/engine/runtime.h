@@ -181,6 +181,13 @@ class PTRAIN_API ModelRuntime {
   // its rows' figures): counts of the whole global batch from each rank's
   // rows. Collective over the data-parallel group.
   std::vector<double> sumOverDataParallel(const std::vector<double>& values) const;
+  // The rows of a global batch of `rows` rows that every data-parallel rank
+  // computed its own block of (`mine`: its dataRows, [end - begin, ...]),
+  // assembled in order on every rank, on the device: each block comes from
+  // one replica and is added to zeros, so the values are exactly the ones
+  // computed (under parallel.groups: every group's blocks, over the job).
+  // Collective over the data-parallel group (the job under device groups).
+  at::Tensor assembleRows(const at::Tensor& mine, int64_t rows) const;
 
   // One training step: forward and backward over the micro-batches, the
   // hooks' gradient work, clipping, and (unless a hook vetoes it) the
