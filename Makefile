@@ -1,4 +1,7 @@
 # ptrain: the two commands a newcomer needs are `make run` and `make test`.
+# `make test-long` runs the long tests (recipes trained to their accuracy,
+# exactness sweeps over many layouts, the scale tests), which CI runs after
+# `make test` (.ci/run).
 #
 # TORCH picks the libtorch (docs/building.md):
 #   debian  Debian's libtorch 1.13, CPU only (the default)   build folder build/
@@ -23,7 +26,7 @@ endif
 # after `bench`) only those.
 BENCH_SECTIONS := eager tensor pipeline fusion moe memory shares calibration recommender scale
 
-.PHONY: all deps configure build test run bench clean $(BENCH_SECTIONS)
+.PHONY: all deps configure build test test-long run bench clean $(BENCH_SECTIONS)
 
 all: build
 
@@ -38,8 +41,13 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# ctest's results also go to a JUnit file, which tools/ci/test_times.py turns
+# into tables of where the time went.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE long --output-junit test-results.xml
+
+test-long: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L long --output-junit test-results-long.xml
 
 run: build
 	$(BUILD)/bin/ptrain run configs/quickstart.yaml

@@ -1,4 +1,4 @@
-# ptrain_reuse_pch(<target> [WITHOUT_PCH_OPTIONS <options...>])
+# ptrain_reuse_pch(<target> [FROM <pch target>])
 #
 # Gives <target> the shared precompiled header (cmake/ptrain_pch.h, which
 # holds <torch/torch.h>), but only for the sources that reach a libtorch
@@ -12,10 +12,24 @@
 # "Reaches" is decided at configure time by following #include lines through
 # the project's own headers (resolved against the including file's folder and
 # the include roots below) until one names torch/, ATen/ or c10/. A source it
-# gets wrong still compiles, only at the other speed. Sources left without the
-# header also get WITHOUT_PCH_OPTIONS (their flags need not match the
-# header's: the test suites compile their drivers at -O0). Call it after every
-# source of the target has been added.
+# gets wrong still compiles, only at the other speed. FROM names the target
+# whose header to reuse: ptrain_pch (the default, compiled as the libraries
+# are) or ptrain_test_pch (the same header at -O0, for the test drivers:
+# tests/CMakeLists.txt). Call it after every source of the target has been
+# added.
+#
+# Unity batches (PTRAIN_UNITY_BUILD, on by default): the sources that take the
+# header are compiled PTRAIN_UNITY_BATCH_SIZE at a time as one translation
+# unit. Even an empty source costs 5.4 s with the header (7.3 s at -O0): at
+# the end of every translation unit GCC instantiates the templates that
+# libtorch's inline code names (90% of that time, -ftime-report), and a
+# precompiled header does not keep those instantiations. A batch pays it once.
+# The sources of a batch share one translation unit, so names at file scope
+# (anonymous namespaces included) must differ between the files of a target;
+# the compiler says where they do not. -DPTRAIN_UNITY_BUILD=OFF compiles each
+# source alone, which suits editing one file and rebuilding.
+option(PTRAIN_UNITY_BUILD "Compile the sources that include libtorch in batches" ON)
+set(PTRAIN_UNITY_BATCH_SIZE 6 CACHE STRING "Sources per unity batch (PTRAIN_UNITY_BUILD)")
 
 set(PTRAIN_PCH_INCLUDE_ROOTS
   ${CMAKE_SOURCE_DIR}/framework/include
@@ -72,11 +86,18 @@ function(ptrain_reaches_torch file out)
 endfunction()
 
 function(ptrain_reuse_pch target)
-  cmake_parse_arguments(ARG "" "" "WITHOUT_PCH_OPTIONS" ${ARGN})
-  if(NOT TARGET ptrain_pch)
+  cmake_parse_arguments(ARG "" "FROM" "" ${ARGN})
+  set(pch ptrain_pch)
+  if(ARG_FROM)
+    set(pch ${ARG_FROM})
+  endif()
+  if(NOT TARGET ${pch})
     return()
   endif()
-  target_precompile_headers(${target} REUSE_FROM ptrain_pch)
+  target_precompile_headers(${target} REUSE_FROM ${pch})
+  if(PTRAIN_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${PTRAIN_UNITY_BATCH_SIZE})
+  endif()
   get_target_property(sources ${target} SOURCES)
   get_target_property(source_dir ${target} SOURCE_DIR)
   foreach(source IN LISTS sources)
@@ -86,11 +107,9 @@ function(ptrain_reuse_pch target)
     get_filename_component(path ${source} ABSOLUTE BASE_DIR ${source_dir})
     ptrain_reaches_torch(${path} reaches)
     if(NOT reaches)
-      set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-      if(ARG_WITHOUT_PCH_OPTIONS)
-        set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES
-                                    COMPILE_OPTIONS "${ARG_WITHOUT_PCH_OPTIONS}")
-      endif()
+      # Alone and without the header: a batch would give it the header's cost.
+      set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES
+                                  SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
     endif()
   endforeach()
 endfunction()

@@ -27,6 +27,7 @@ tensorboard_spec="tensorboard==2.21.0"
 
 packages=(
   build-essential cmake make pkg-config
+  ccache                  # compiled objects cached outside the clone (cmake/ccache.cmake)
   libtorch-dev            # libtorch 1.13 (CPU) with c10d Gloo
   libopenblas0-pthread    # without it matrix products use reference BLAS (~50x slower)
   libyaml-cpp-dev

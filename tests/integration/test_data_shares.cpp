@@ -46,8 +46,7 @@ void expectSameCurve(const std::map<int, nlohmann::json>& reference, const std::
   }
 }
 
-TEST(DataShares, UnevenSharesTrainTheSingleRankCurve) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DataShares, UnevenSharesTrainTheSingleRankCurve) {
   TempDir tmp;
   const auto single = train(tmp.path() + "/single", 1, {});
   ASSERT_EQ(single.size(), 12u);

@@ -133,8 +133,7 @@ double relDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 // focal and L1 losses over the global batch) trains the one-rank model at
 // tp 2 x dp 2, at pp 2, and in two device groups (tp 2 | one rank): 1e-5 at
 // step 1, 1e-4 over 20 steps.
-TEST(DetectionTrainer, ParallelLayoutsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DetectionTrainer, ParallelLayoutsTrainTheOneRankModel) {
   TempDir tmp;
   const std::string recipe = tmp.write("exact.yaml", kExactRecipe);
   auto run = [&](const std::string& name, const std::string& nproc, std::vector<std::string> extra) {

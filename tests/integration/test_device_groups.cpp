@@ -77,8 +77,7 @@ void expectSameCurve(const Curve& reference, const Curve& run, const std::string
   std::printf("%s: largest relative difference, loss %.2g, grad norm %.2g\n", what.c_str(), worstLoss, worstNorm);
 }
 
-TEST(DeviceGroups, GroupsOfDifferentLayoutsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, GroupsOfDifferentLayoutsTrainTheOneRankModel) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const Curve single = train(recipe, tmp.path() + "/single", 1, {});
@@ -102,8 +101,7 @@ TEST(DeviceGroups, GroupsOfDifferentLayoutsTrainTheOneRankModel) {
 // The distributed optimizer in every group (its buckets all-reduced inside
 // the group, summed across the groups, each rank stepping on its range): the
 // one-rank curve, like the plain optimizer.
-TEST(DeviceGroups, TheDistributedOptimizerInEveryGroupTrainsTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, TheDistributedOptimizerInEveryGroupTrainsTheOneRankModel) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const Curve single = train(recipe, tmp.path() + "/single", 1, {});
@@ -116,8 +114,7 @@ TEST(DeviceGroups, TheDistributedOptimizerInEveryGroupTrainsTheOneRankModel) {
 // A GPT-MoE (4 experts, top 2): group a tp 2 x pp 2 with the experts split
 // over tp (etp 2), group b experts over ep 2 on 2 data-parallel ranks; the
 // auxiliary loss weighted by the job's micro-batch count.
-TEST(DeviceGroups, GptMoeGroupsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, GptMoeGroupsTrainTheOneRankModel) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const std::vector<std::string> moe{"model.num_experts=4", "model.moe_router_topk=2", "train.steps=12",
@@ -135,8 +132,7 @@ TEST(DeviceGroups, GptMoeGroupsTrainTheOneRankModel) {
 // group without pipeline; and the offload tier (parameters and gradients
 // resting in memory-mapped files) under the groups: the exchange reads each
 // gradient where it rests and writes the sum back there.
-TEST(DeviceGroups, InterleavedAndOffloadedGroupsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, InterleavedAndOffloadedGroupsTrainTheOneRankModel) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const Curve single = train(recipe, tmp.path() + "/single", 1, {});
@@ -157,8 +153,7 @@ TEST(DeviceGroups, InterleavedAndOffloadedGroupsTrainTheOneRankModel) {
                   "6 ranks (tp2 x pp2 | tp2, 2:1), parameters, gradients and optimizer offloaded");
 }
 
-TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const Curve single = train(recipe, tmp.path() + "/single", 1, {"precision.name=bf16", "train.steps=8"});
@@ -172,8 +167,7 @@ TEST(DeviceGroups, Bf16GroupsTrainTheOneRankBf16Model) {
   }
 }
 
-TEST(DeviceGroups, ACheckpointOfTheGroupsResumesOnOneRankAndBack) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DeviceGroups, ACheckpointOfTheGroupsResumesOnOneRankAndBack) {
   TempDir tmp;
   const std::string recipe = tmp.write("recipe.yaml", kRecipe);
   const Curve single = train(recipe, tmp.path() + "/single", 1, {});

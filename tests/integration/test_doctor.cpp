@@ -111,8 +111,7 @@ TEST(Doctor, AWorkerKilledMidRunIsALostRank) {
                    "ptrain run " + dir + "/recipe.yaml --run-dir " + dir + "-retry", "no checkpoint was saved"});
 }
 
-TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
-  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
+PTRAIN_LONG_TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
   // Rank 1 stops (SIGSTOP) and never answers: rank 0's next collective waits
@@ -124,8 +123,7 @@ TEST(Doctor, ACollectiveBehindAStuckRankTimesOut) {
                    "the peer that never answered: rank 1", "; the peer that did not arrive: rank 1 (last finished step "});
 }
 
-TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
-  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
+PTRAIN_LONG_TEST(Doctor, AWorkerOverItsMemoryCapIsOutOfMemoryWithTheFlowchartsFixes) {
   TempDir tmp;
   // A 12.6M-parameter GPT (its weights, gradients and Adam states about 200 MB
   // a rank), first uncapped to learn its peak on this libtorch, then under a

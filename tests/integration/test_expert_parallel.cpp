@@ -49,8 +49,7 @@ std::map<int, nlohmann::json> steps(const std::string& runDir) {
   return out;
 }
 
-TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(ExpertParallel, CheckpointHoldsEveryExpertAndResumesAtAnotherExpertSize) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kRecipe);
   const std::string first = tmp.path() + "/ep2";
@@ -98,8 +97,7 @@ nlohmann::json lastEval(const std::string& runDir) {
   return line.empty() ? nlohmann::json::object() : nlohmann::json::parse(line);
 }
 
-TEST(ExpertParallelConfigs, GptMoeEp2ReachesTheQuickstartAccuracy) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(ExpertParallelConfigs, GptMoeEp2ReachesTheQuickstartAccuracy) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
   auto r = runPtrain({"run", ptrain::test::sourceDir() + "/configs/llm/gpt_moe_ep2.yaml", "--run-dir", dir,

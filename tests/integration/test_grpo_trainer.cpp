@@ -51,8 +51,7 @@ std::vector<nlohmann::json> jsonLines(const std::string& path) {
   return out;
 }
 
-TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(GrpoTrainer, StartsFromTheSupervisedRunAndTrainsOnItsOwnRolloutLayout) {
   TempDir tmp;
   const std::string sft = tmp.path() + "/sft";
   std::vector<std::string> sftArgs{"run", config("arith_sft.yaml"), "--run-dir", sft, "--nproc", "1",
@@ -184,8 +183,7 @@ std::string recipeForGroups(const TempDir& tmp) {
 // layout: group a tp 2 on 2 ranks, group b on 1, half the samples each. The
 // rollout samples the same tokens as the recipe's one layout (tp 2 on 2
 // ranks), each row once over the job, and the run follows the same curve.
-TEST(GrpoTrainer, DeviceGroupsSampleAndTrainAsOneLayout) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(GrpoTrainer, DeviceGroupsSampleAndTrainAsOneLayout) {
   TempDir tmp;
   const std::string sft = tmp.path() + "/sft";
   std::vector<std::string> sftArgs{"run", config("arith_sft.yaml"), "--run-dir", sft, "--nproc", "1",

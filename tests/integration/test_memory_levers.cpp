@@ -55,8 +55,7 @@ TEST(MemoryLevers, OffloadRecipeTrainsTheQuickstartsCurveBitForBit) {
   EXPECT_FALSE(fs::exists(dir + "/offload"));
 }
 
-TEST(MemoryLevers, DistributedOptimizerTrainsTheQuickstartsCurveAndResumesAtAnyDp) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(MemoryLevers, DistributedOptimizerTrainsTheQuickstartsCurveAndResumesAtAnyDp) {
   TempDir tmp;
   // Without dropout: its masks depend on how the batch is split over ranks.
   std::vector<std::string> run = kShortRun;

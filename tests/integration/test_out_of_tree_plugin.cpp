@@ -58,8 +58,7 @@ std::map<std::string, std::string> listedPlugins(const std::string& output) {
 
 }  // namespace
 
-TEST(OutOfTreePlugin, BuildsStandaloneLoadsAndTrains) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(OutOfTreePlugin, BuildsStandaloneLoadsAndTrains) {
   TempDir tmp;
   const std::string build = tmp.path() + "/build";
   ASSERT_NO_FATAL_FAILURE(buildExample(build, {"-DPTRAIN_BUILD_DIR=" + ptrain::test::binaryDir()}));
@@ -83,8 +82,7 @@ TEST(OutOfTreePlugin, BuildsStandaloneLoadsAndTrains) {
 
 // `cmake --install` into a fresh prefix gives a ptrain that runs from there
 // alone, and an SDK that find_package(ptrain) builds the example against.
-TEST(OutOfTreePlugin, InstalledPtrainFindsItsPluginsAndBuildsTheExample) {
-  PTRAIN_LONG_TEST();  // the slowest of the PyPI suite; the Debian suite runs it
+PTRAIN_LONG_TEST(OutOfTreePlugin, InstalledPtrainFindsItsPluginsAndBuildsTheExample) {
   TempDir tmp;
   const std::string prefix = fs::path(tmp.path() + "/prefix").lexically_normal().string();
   auto r = runProcess({kCmake, "--install", ptrain::test::binaryDir(), "--prefix", prefix}, {}, 300);

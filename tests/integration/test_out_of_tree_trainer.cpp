@@ -60,10 +60,9 @@ std::string listed(const std::string& output, const std::string& kind, const std
 
 }  // namespace
 
-TEST(OutOfTreeTrainer, BuildsAgainstTheInstalledSdkAndTrainsAlikeAtDp2AndPp2) {
+PTRAIN_LONG_TEST(OutOfTreeTrainer, BuildsAgainstTheInstalledSdkAndTrainsAlikeAtDp2AndPp2) {
   // About 50 s, most of it compiling the example against the install: once
   // per CI run (the Debian suite) is enough.
-  PTRAIN_LONG_TEST();
   TempDir tmp;
   const std::string prefix = fs::path(tmp.path() + "/prefix").lexically_normal().string();
   auto r = runProcess({kCmake, "--install", ptrain::test::binaryDir(), "--prefix", prefix}, {}, 300);

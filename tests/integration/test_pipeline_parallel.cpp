@@ -142,8 +142,7 @@ void runGrid(const std::vector<Layout>& layouts, const std::vector<std::string>&
 
 }  // namespace
 
-TEST(PipelineParallel, SchedulesMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(PipelineParallel, SchedulesMatchOneRank) {
   runGrid({{1, 2, 1, 1, "1f1b"}, {1, 4, 1, 1, "1f1b"}, {1, 2, 1, 2, "interleaved"}, {1, 2, 1, 1, "gpipe"}});
 }
 
@@ -151,29 +150,25 @@ TEST(PipelineParallel, SchedulesMatchOneRank) {
 // gradient is summed with the embedding's (the test above).
 TEST(PipelineParallel, UntiedHeadMatchesOneRank) { runGrid({{1, 2, 1, 1, "1f1b"}}, {"model.tie_embeddings=false"}); }
 
-TEST(PipelineParallel, TensorPipelineAndDataParallelTogetherMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(PipelineParallel, TensorPipelineAndDataParallelTogetherMatchOneRank) {
   runGrid({{2, 2, 2, 1, "1f1b"}, {1, 2, 2, 2, "interleaved"}, {2, 2, 1, 2, "interleaved"}});
 }
 
 // Explicit layouts: uneven stages, and a middle stage with no block at all
 // (it only passes activations and gradients on).
-TEST(PipelineParallel, UnevenAndEmptyStagesMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(PipelineParallel, UnevenAndEmptyStagesMatchOneRank) {
   runGrid({{1, 3, 1, 1, "1f1b", "[1,2,1]"}, {1, 3, 1, 1, "1f1b", "[2,0,2]"}});
 }
 
 // Sequence parallelism inside each stage: activations cross stages as
 // sequence shards.
-TEST(PipelineParallel, SequenceParallelStagesMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(PipelineParallel, SequenceParallelStagesMatchOneRank) {
   runGrid({{2, 2, 2, 1, "1f1b"}}, {"parallel.sequence_parallel=true"});
 }
 
 // A run saved at pp=2 resumes at pp=1, pp=4 and tp2 x pp2 and continues the
 // uninterrupted pp=2 curve: checkpoints hold the whole model.
-TEST(PipelineParallel, CheckpointResumesAtAnotherPipelineSize) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(PipelineParallel, CheckpointResumesAtAnotherPipelineSize) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kRecipe);
   const std::string full = tmp.path() + "/pp2";

@@ -48,13 +48,9 @@ std::pair<uint32_t, uint32_t> pngSize(const std::string& path) {
 // Two short runs of the quickstart recipe on one rank, made once for the
 // suite: a few steps with an evaluation every third, so that every panel a
 // CPU run logs has several points.
-// The drawing does not touch libtorch: the PyPI suite (PTRAIN_TESTS=short)
-// leaves these to the Debian one.
 class Plot : public ::testing::Test {
  protected:
-  void SetUp() override { PTRAIN_LONG_TEST(); }
   static void SetUpTestSuite() {
-    if (test::longTestsSkipped()) return;
     tmp_ = new TempDir();
     runA_ = tmp_->path() + "/run_a";
     runB_ = tmp_->path() + "/run_b";

@@ -30,8 +30,7 @@ class PrecisionConfig : public ::testing::TestWithParam<std::string> {};
 // The quickstart in bf16 and in fp16 (with the default 2^32 initial scale,
 // so the first steps overflow and are skipped) reaches what it reaches in
 // fp32: exact match >= 0.9.
-TEST_P(PrecisionConfig, ReachesTheFp32Accuracy) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST_P(PrecisionConfig, ReachesTheFp32Accuracy) {
   const std::string precision = GetParam();
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
@@ -59,7 +58,8 @@ TEST_P(PrecisionConfig, ReachesTheFp32Accuracy) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, PrecisionConfig, ::testing::Values("bf16", "fp16"));
+INSTANTIATE_TEST_SUITE_P(Configs, PrecisionConfig, ::testing::Values("bf16", "fp16"),
+                         [](const auto& info) { return info.param; });
 
 const char* kTinyFp16 = R"(
 name: tiny_fp16

@@ -59,8 +59,7 @@ double relDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 
 }  // namespace
 
-TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(RecommenderTrainer, TwoRankRunLearnsTheClicks) {
   TempDir tmp;
   const std::string recipe = tmp.write("learn.yaml", kLearnRecipe);
   const std::string dir = tmp.path() + "/dp2";
@@ -145,8 +144,7 @@ void expectOneRankCurve(const std::map<int, double>& losses, const std::map<int,
 // cuts them (tables, bottom MLP and interaction | attention, experts, top
 // MLP), experts over ep with the samples split over tp around them: the
 // one-rank losses within 1e-5 at step 1 and 1e-4 over 20 steps.
-TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
   TempDir tmp;
   tmp.write("exact.yaml", kExactRecipe);
   const auto one = trainExact(tmp, "one", "1", {});
@@ -182,8 +180,7 @@ TEST(RecommenderTrainer, ParallelLayoutsTrainTheOneRankModel) {
 // the batch each; the groups sum the tables' gradients by exchanging the
 // rows each group touched. The one-rank losses within 1e-5 at step 1 and
 // 1e-4 over 20 steps; the exchange sent rows, not tables.
-TEST(RecommenderTrainer, DeviceGroupsTrainTheOneRankModel) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(RecommenderTrainer, DeviceGroupsTrainTheOneRankModel) {
   TempDir tmp;
   tmp.write("exact.yaml", kExactRecipe);
   const auto one = trainExact(tmp, "one", "1", {});

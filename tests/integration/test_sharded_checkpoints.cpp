@@ -114,13 +114,11 @@ void expectResumesAcross(const Layout& saved, const std::vector<Layout>& resumed
 
 }  // namespace
 
-TEST(ShardedCheckpoints, SavedAtTp2Pp2ResumesAtOtherLayouts) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(ShardedCheckpoints, SavedAtTp2Pp2ResumesAtOtherLayouts) {
   expectResumesAcross({2, 2, 1, false}, {{1, 1, 1, false}, {1, 4, 1, false}, {4, 1, 1, false}, {1, 1, 2, true}});
 }
 
-TEST(ShardedCheckpoints, DistributedOptimizerRangesResumeAtOtherLayouts) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(ShardedCheckpoints, DistributedOptimizerRangesResumeAtOtherLayouts) {
   // Its flat ranges of every parameter, read back as whole blocks, and as
   // other ranges.
   expectResumesAcross({1, 1, 4, true}, {{2, 1, 1, false}, {1, 1, 2, true}, {2, 1, 2, true}});

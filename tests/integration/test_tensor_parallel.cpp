@@ -130,20 +130,17 @@ void runGrid(const std::vector<Layout>& layouts) {
 
 }  // namespace
 
-TEST(TensorParallel, LayoutsWithoutSequenceParallelMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(TensorParallel, LayoutsWithoutSequenceParallelMatchOneRank) {
   runGrid({{2, 1, false}, {4, 1, false}, {2, 2, false}, {4, 2, false}});
 }
 
-TEST(TensorParallel, LayoutsWithSequenceParallelMatchOneRank) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(TensorParallel, LayoutsWithSequenceParallelMatchOneRank) {
   runGrid({{2, 1, true}, {4, 1, true}, {2, 2, true}, {4, 2, true}});
 }
 
 // A run saved at tp=2 resumes at tp=1 and at tp=4 (and with sequence
 // parallelism switched on) and continues the uninterrupted tp=2 curve.
-TEST(TensorParallel, CheckpointReshardsAcrossTensorParallelSizes) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(TensorParallel, CheckpointReshardsAcrossTensorParallelSizes) {
   TempDir tmp;
   const std::string recipe = tmp.write("tiny.yaml", kRecipe);
   const std::string full = tmp.path() + "/tp2";

@@ -122,8 +122,7 @@ TEST(Training, ResumeContinuesBitForBit) {
 // configs/llm/gpt_recompute.yaml is the quickstart with full recomputation:
 // the same loss curve, bit for bit (dropout on, so the replayed random
 // streams matter).
-TEST(Training, RecomputeRecipeTrainsTheQuickstartsCurve) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(Training, RecomputeRecipeTrainsTheQuickstartsCurve) {
   TempDir tmp;
   const std::string configs = ptrain::test::sourceDir() + "/configs/";
   const std::vector<std::string> shortRun = {"train.steps=30", "train.eval_every=0", "model.dropout=0.1",

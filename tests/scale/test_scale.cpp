@@ -75,8 +75,7 @@ void trainSaveResume(const std::vector<std::string>& model, const std::vector<st
 // 403 M parameters (1.6 GB of float32 weights), SGD: at tp 4 each rank holds
 // a quarter of the weights and their gradients (measured peak 1.0 GB), and
 // the cap is below the whole weights.
-TEST(Scale, Gpt403MTrainsAtTp4UnderACapBelowItsWeightsAndResumesAtTp2Pp2AndPp4) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(Scale, Gpt403MTrainsAtTp4UnderACapBelowItsWeightsAndResumesAtTp2Pp2AndPp4) {
   trainSaveResume({"model.num_layers=8", "model.hidden_size=2048", "model.num_attention_heads=16",
                    "train.global_batch_size=4", "optimizer.name=sgd"},
                   {"parallel.tensor_model_parallel_size=4"},
@@ -90,8 +89,7 @@ TEST(Scale, Gpt403MTrainsAtTp4UnderACapBelowItsWeightsAndResumesAtTp2Pp2AndPp4) 
 // holds two experts a layer (measured peak 1.76 GB with their gradients);
 // resumed at ep 2 x etp 2 (four experts a layer, half of each one's
 // features).
-TEST(Scale, GptMoeTrainsAtEp4UnderACapBelowItsExpertsAndResumesAtEp2Etp2) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(Scale, GptMoeTrainsAtEp4UnderACapBelowItsExpertsAndResumesAtEp2Etp2) {
   trainSaveResume({"model.num_layers=8", "model.hidden_size=1024", "model.num_attention_heads=16",
                    "model.num_experts=8", "model.moe_router_topk=2", "train.global_batch_size=8",
                    "optimizer.name=sgd"},
@@ -105,8 +103,7 @@ TEST(Scale, GptMoeTrainsAtEp4UnderACapBelowItsExpertsAndResumesAtEp2Etp2) {
 // stage. Every rank's peak (build, steps, evaluation, save) within 10% of
 // `ptrain plan`, under a cap below what building the whole tables on a rank
 // would take.
-TEST(Scale, RecommenderAt12bLayoutAndTheLargestScaleThisMachineRuns) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(Scale, RecommenderAt12bLayoutAndTheLargestScaleThisMachineRuns) {
   TempDir tmp;
   const std::vector<std::string> recipe = {"run", ptrain::test::sourceDir() + "/configs/recommender/recsys_12b_scaled_cpu.yaml",
                                            "model.scale=0.1", "train.steps=4", "data.eval_size=1024",

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -250,9 +251,33 @@ std::string runRanks(int worldSize, const std::function<void(int, int, int)>& bo
   return failures.str();
 }
 
-bool longTestsSkipped() {
-  const char* scope = std::getenv("PTRAIN_TESTS");
-  return scope != nullptr && std::string(scope) == "short";
+namespace {
+// Marks are made by static initialisers of the test sources, in whatever
+// order the linker put them: a function-local set exists before the first.
+std::set<std::pair<std::string, std::string>>& longTestMarks() {
+  static std::set<std::pair<std::string, std::string>> marks;
+  return marks;
+}
+}  // namespace
+
+LongTestMark::LongTestMark(const char* suite, const char* name) { longTestMarks().emplace(suite, name); }
+
+std::vector<std::string> longTestNames() {
+  // gtest names a parameterised test "Prefix/Suite" . "Name/param"; a mark
+  // names "Suite" . "Name".
+  std::vector<std::string> out;
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  for (int s = 0; s < unit->total_test_suite_count(); ++s) {
+    const auto* suite = unit->GetTestSuite(s);
+    std::string suiteName = suite->name();
+    const std::string bareSuite = suiteName.substr(suiteName.rfind('/') + 1);
+    for (int t = 0; t < suite->total_test_count(); ++t) {
+      const std::string name = suite->GetTestInfo(t)->name();
+      const std::string bareName = name.substr(0, name.find('/'));
+      if (longTestMarks().count({bareSuite, bareName}) != 0) out.push_back(suiteName + "." + name);
+    }
+  }
+  return out;
 }
 
 double relDiff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }

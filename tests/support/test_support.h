@@ -95,15 +95,33 @@ std::string trimNewlines(std::string text);
 std::string markedSection(const std::string& path, const std::string& name);
 
 // Long tests: a recipe trained to its accuracy, an exactness sweep over many
-// layouts on up to 8 ranks. Every `make test` runs them. CI builds the tree a
-// second time against PyTorch 2.x from PyPI (.ci/run) and runs that suite with
-// PTRAIN_TESTS=short, which skips them there: the same code paths run in the
-// shorter tests of that suite, and the long ones ran against libtorch 1.13.
-bool longTestsSkipped();
+// layouts on up to 8 ranks, a model larger than a rank may hold. `make test`
+// leaves them out; `make test-long` runs them, and CI runs both (.ci/run).
+// A test is long when it is declared with PTRAIN_LONG_TEST (or its _F / _P
+// forms) instead of TEST: the declaration registers its name, each suite's
+// binary lists the names it holds (--ptrain_list_long_tests, test_main.cpp),
+// and the test discovery (support/discover_tests.cmake) gives those tests the
+// ctest label `long`.
+struct LongTestMark {
+  LongTestMark(const char* suite, const char* name);
+};
+// "Suite.Name" of every long test of this binary, as gtest names them to run
+// (a parameterised test once per instantiation: "Prefix/Suite.Name/param").
+std::vector<std::string> longTestNames();
 
 }  // namespace ptrain::test
 
-// First statement of a long test's body.
-#define PTRAIN_LONG_TEST()                        \
-  if (::ptrain::test::longTestsSkipped())         \
-  GTEST_SKIP() << "a long test: PTRAIN_TESTS=short skips it (unset it to run every test)"
+#define PTRAIN_LONG_TEST_MARK_(suite, name) \
+  static const ::ptrain::test::LongTestMark ptrain_long_test_mark_##suite##_##name{#suite, #name}
+// TEST(suite, name), labelled long.
+#define PTRAIN_LONG_TEST(suite, name) \
+  PTRAIN_LONG_TEST_MARK_(suite, name);  \
+  TEST(suite, name)
+// TEST_F(fixture, name), labelled long.
+#define PTRAIN_LONG_TEST_F(fixture, name) \
+  PTRAIN_LONG_TEST_MARK_(fixture, name);  \
+  TEST_F(fixture, name)
+// TEST_P(suite, name), labelled long (every instantiation).
+#define PTRAIN_LONG_TEST_P(suite, name) \
+  PTRAIN_LONG_TEST_MARK_(suite, name);    \
+  TEST_P(suite, name)

@@ -77,8 +77,7 @@ TrainedRun train(Communicator& comm, const Case& c, bool distributed, int steps,
   return run;
 }
 
-TEST(DistributedOptimizerRanks, MatchesTheNonShardedOptimizerOver20Steps) {
-  PTRAIN_LONG_TEST();
+PTRAIN_LONG_TEST(DistributedOptimizerRanks, MatchesTheNonShardedOptimizerOver20Steps) {
   const std::vector<Case> cases = {
       {2, 1, {}},
       {4, 1, {"optimizer.name=sgd", "optimizer.momentum=0.9", "optimizer.lr=0.05"}},

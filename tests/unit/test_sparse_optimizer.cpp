@@ -252,7 +252,9 @@ std::map<std::string, at::Tensor> threeSteps(const std::string& sparse, at::Scal
     dense.mutable_grad() = torch::full({2, 3}, 0.3 * (step + 1)).to(dtype);
     opt->step(o.lr, 0.8);
   }
-  if (observed) EXPECT_EQ(calls.size(), 12u);  // before and after each of 2 parameters, 3 steps
+  if (observed) {
+    EXPECT_EQ(calls.size(), 12u);  // before and after each of 2 parameters, 3 steps
+  }
   std::map<std::string, at::Tensor> out{{"table", table.detach().clone()}, {"dense", dense.detach().clone()}};
   for (auto& [name, t] : opt->state()) out[name] = t.clone();
   return out;

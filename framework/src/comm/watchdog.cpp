@@ -32,7 +32,7 @@ void Watchdog::watch(std::function<bool()> done, std::function<void()> expire, C
 
 size_t Watchdog::watching() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.size();
+  return entries_.size() + checking_;
 }
 
 int64_t Watchdog::expired() const {
@@ -51,6 +51,7 @@ void Watchdog::run() {
     // communicator; neither may hold up watch() on the training thread.
     std::vector<Entry> checking;
     checking.swap(entries_);
+    checking_ = checking.size();
     lock.unlock();
     const Clock::time_point now = Clock::now();
     std::vector<Entry> pending;
@@ -76,6 +77,7 @@ void Watchdog::run() {
     }
     checking.clear();  // drop the finished operations' captures outside the lock
     lock.lock();
+    checking_ = 0;
     expired_ += expiredNow;
     for (Entry& e : pending) entries_.push_back(std::move(e));
     if (!entries_.empty() && !stop_) wake_.wait_for(lock, poll_, [this] { return stop_; });

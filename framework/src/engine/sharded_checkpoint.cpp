@@ -93,26 +93,6 @@ std::string wholeFile(const std::string& runtime, CheckpointSection section) {
   return (runtime == "model" ? kind : runtime + "." + kind) + ".safetensors";
 }
 
-// Closes a descriptor on every path out.
-struct FileHandle {
-  int fd = -1;
-  ~FileHandle() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// One saved block of a tensor, and where its elements sit.
-struct ShardRef {
-  std::string file;
-  TensorBlock block;
-};
-
-struct Entry {
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> shape;
-  std::vector<ShardRef> shards;
-};
-
 TensorBlock blockFromJson(const json& shard, size_t dims, const std::string& where) {
   TensorBlock b;
   b.offsets = shard.at("offsets").get<std::vector<int64_t>>();
@@ -238,7 +218,29 @@ json mergeIndexParts(const std::vector<json>& parts, int64_t step) {
 
 // ---- reading ----
 
+// Its types are members, not file-local: Impl has the linkage of the class
+// it implements.
 struct CheckpointReader::Impl {
+  // Closes a descriptor on every path out.
+  struct FileHandle {
+    int fd = -1;
+    ~FileHandle() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+
+  // One saved block of a tensor, and where its elements sit.
+  struct ShardRef {
+    std::string file;
+    TensorBlock block;
+  };
+
+  struct Entry {
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+    std::vector<ShardRef> shards;
+  };
+
   struct File {
     std::string path;
     FileHandle handle;
@@ -566,7 +568,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)), impl
       for (const auto& [section, entries] : sections.items()) {
         auto& into = impl_->entries[runtime][section];
         for (const auto& [name, e] : entries.items()) {
-          Entry entry;
+          Impl::Entry entry;
           entry.dtype = dtypeOfName(e.at("dtype").get<std::string>(), where);
           entry.shape = e.at("shape").get<std::vector<int64_t>>();
           for (const auto& shard : e.at("shards")) {
@@ -574,7 +576,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)), impl
             if (!impl_->files.count(file)) {
               throw CheckpointError(detail::concat(where, ": '", name, "' lies in ", file, ", which it lists no checksum of"));
             }
-            entry.shards.push_back(ShardRef{file, blockFromJson(shard, entry.shape.size(), where + ": " + name)});
+            entry.shards.push_back(Impl::ShardRef{file, blockFromJson(shard, entry.shape.size(), where + ": " + name)});
           }
           into[name] = std::move(entry);
         }
@@ -635,7 +637,7 @@ void CheckpointReader::read(const std::string& runtime, CheckpointSection sectio
     throw CheckpointError(detail::concat(dir_, ": no ", sectionKey(section), " tensor '", name, "' of '", runtime,
                                          "': the checkpoint is from another model"));
   }
-  const Entry& entry = it->second;
+  const Impl::Entry& entry = it->second;
   const size_t dims = entry.shape.size();
   bool inside = block.offsets.size() == dims && block.sizes.size() == dims;
   for (size_t d = 0; inside && d < dims; ++d) {
@@ -651,7 +653,7 @@ void CheckpointReader::read(const std::string& runtime, CheckpointSection sectio
   // Filled on the host in out's dtype, then moved where out lives.
   at::Tensor host = out.is_cpu() && out.is_contiguous() ? out : at::empty(out.sizes(), out.options().device(at::kCPU));
   int64_t filled = 0;
-  for (const ShardRef& shard : entry.shards) filled += impl_->copyIntersection(name, entry, shard, block, host);
+  for (const Impl::ShardRef& shard : entry.shards) filled += impl_->copyIntersection(name, entry, shard, block, host);
   if (filled != block.numel()) {
     throw CheckpointError(detail::concat(dir_, ": '", name, "' of '", runtime, "': the saved shards hold ", filled,
                                          " of the ", block.numel(), " elements asked for: the checkpoint is incomplete"));

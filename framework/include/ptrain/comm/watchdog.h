@@ -47,7 +47,9 @@ class PTRAIN_API Watchdog {
   // block); `expire()` runs once if it has not by `deadline`.
   void watch(std::function<bool()> done, std::function<void()> expire, Clock::time_point deadline);
 
-  // Operations watched now.
+  // Operations watched now, those being checked at this moment included (an
+  // operation leaves the count once it completed, or expired and its
+  // `expire()` returned).
   size_t watching() const;
   // Operations expired since the watchdog started.
   int64_t expired() const;
@@ -64,6 +66,8 @@ class PTRAIN_API Watchdog {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<Entry> entries_;
+  // Entries the watchdog's thread took out of entries_ to check outside the lock.
+  size_t checking_ = 0;
   bool stop_ = false;
   int64_t expired_ = 0;
   std::thread thread_;
