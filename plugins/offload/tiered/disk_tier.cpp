@@ -65,8 +65,6 @@ int64_t pageSize() {
 
 int64_t pageRound(int64_t bytes) { return (bytes + pageSize() - 1) / pageSize() * pageSize(); }
 
-int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
 // Regions start on a page and own their last page.
 void advise(const at::Tensor& region, int advice) {
   if (region.numel() == 0) return;
@@ -135,13 +133,6 @@ class DiskTier {
   char* base_ = nullptr;
   int64_t size_ = 0;
   int64_t used_ = 0;
-};
-
-// An offloaded parameter of a block.
-struct RestingParameter {
-  at::Tensor param;    // the model's tensor (its data moves)
-  at::Tensor region;   // where it rests
-  int users = 0;       // nested uses in flight
 };
 
 class DiskOffload final : public OffloadPlugin {

@@ -56,21 +56,12 @@ namespace ptrain {
 #if PTRAIN_WITH_CUDA
 namespace {
 
-int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
 // A page-locked host tensor shaped like `like`, of `dtype`, with its values.
 at::Tensor pinnedCopy(const at::Tensor& like, at::ScalarType dtype) {
   at::Tensor region = at::empty(like.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(true));
   region.copy_(like.detach());
   return region;
 }
-
-// An offloaded parameter of a block.
-struct RestingParameter {
-  at::Tensor param;   // the model's tensor (its data moves)
-  at::Tensor region;  // where it rests, on the host
-  int users = 0;      // nested uses in flight (a recomputation inside a backward)
-};
 
 // An offloaded gradient of a block's parameter.
 struct RestingGradient {
