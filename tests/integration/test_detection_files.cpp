@@ -57,7 +57,7 @@ void expectOneLineRefusal(const ptrain::test::ProcessResult& r, const std::strin
 
 }  // namespace
 
-TEST(DetectionFiles, ExportedFolderTrainsAsTheGeneratorAndResumesExactly) {
+TEST(DetectionFilesRun, ExportedFolderTrainsAsTheGeneratorAndResumesExactly) {
   TempDir tmp;
   const std::string mosaic = mosaicRecipe(tmp);
   const std::string folder = tmp.path() + "/mosaic_coco";
@@ -105,7 +105,7 @@ TEST(DetectionFiles, ExportedFolderTrainsAsTheGeneratorAndResumesExactly) {
   expectOneLineRefusal(r, "meta.json: the annotation files changed since the checkpoint");
 }
 
-TEST(DetectionFiles, BadFoldersAndKeysAreRefusedInOneLine) {
+TEST(DetectionFilesRun, BadFoldersAndKeysAreRefusedInOneLine) {
   TempDir tmp;
   const std::string mosaic = mosaicRecipe(tmp);
   const std::string folder = tmp.path() + "/coco";
