@@ -8,7 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
 #include "ptrain/datasets/indexed_writer.h"
+
+// SentencePiece's own log threshold. Train() logs its "Running command"
+// line before it reads the --minloglevel it is given; 0.1.97 exports this
+// setter from the library without declaring it in an installed header.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int v);
+}  // namespace sentencepiece::logging
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -37,18 +45,14 @@ void forEachDocument(const PrepareTokensOptions& o, uint64_t totalBytes, const s
       take(std::move(doc));
       if (o.progress && ++documents % 256 == 0) o.progress(done, totalBytes, documents);
     };
-    while (std::getline(in, line)) {
+    uint64_t offset = 0;  // of the line in this file
+    for (; std::getline(in, line); offset += line.size() + 1) {
       ++number;
       done += line.size() + 1;
       if (jsonl) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        json j;
-        try {
-          j = json::parse(line);
-        } catch (const json::exception&) {
-          throw ConfigError(path + ":" + std::to_string(number) + ": not a JSON object; expected one per line, e.g. "
-                            "{\"" + o.json_key + "\": \"...\"}");
-        }
+        const json j = text::parseJsonLine(line, path, number, offset,
+                                           "one JSON object a line, e.g. {\"" + o.json_key + "\": \"...\"}");
         if (!j.is_object() || !j.contains(o.json_key) || !j.at(o.json_key).is_string()) {
           throw ConfigError(path + ":" + std::to_string(number) + ": no string field \"" + o.json_key +
                             "\"; give it, or name the field with --json-key");
@@ -103,6 +107,7 @@ PrepareTokensResult prepareTokens(const PrepareTokensOptions& o) {
                              std::to_string(o.vocab_size) +
                              " --model_type=unigram --character_coverage=1.0 --input_sentence_size=2000000 "
                              "--shuffle_input_sentence=true --minloglevel=2 --num_threads=2";
+    sentencepiece::logging::SetMinLogLevel(2);  // warnings and errors only, as --minloglevel=2 says
     const auto status = sentencepiece::SentencePieceTrainer::Train(args);
     std::remove(corpus.c_str());
     if (!status.ok()) {

@@ -401,6 +401,86 @@ TEST(Chaos, ResumeRules) {
       << asFile.output;
 }
 
+// A command that is refused leaves the run folder as it found it: a resume
+// with a recipe its checkpoint cannot take keeps the run's recipe.yaml (the
+// next plain resume works), `ptrain checkpoint consolidate` of a damaged step
+// leaves no output and never writes over a folder that holds files, and a
+// step without its index.json is named as that, not as another run's.
+TEST(Chaos, ARefusedCommandLeavesTheFolderAsItFoundIt) {
+  TempDir dir;
+  const std::string run = dir.path() + "/run";
+  ptrain::test::ProcessResult r = runPtrain({"run", kQuickstart, "--nproc", "1", "train.steps=4", "checkpoint.every=2",
+                                             "checkpoint.keep=0", "train.eval_every=0", "--run-dir", run},
+                                            {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string recipe = readFile(run + "/recipe.yaml");
+
+  // Another model size: refused once the checkpoint is read; recipe.yaml as it was.
+  ptrain::test::ProcessResult refused =
+      runPtrain({"run", "--resume", "--run-dir", run, "model.hidden_size=32", "train.steps=6", "--allow-changes"}, {},
+                120);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_EQ(readFile(run + "/recipe.yaml"), recipe);
+  EXPECT_FALSE(fs::exists(run + "/recipe.before-step_4.yaml"));
+  // A change the checkpoint takes: recorded, with the run's recipe kept beside it.
+  ptrain::test::ProcessResult longer =
+      runPtrain({"run", "--resume", "--run-dir", run, "train.steps=6", "--allow-changes"}, {}, 120);
+  ASSERT_EQ(longer.exit_code, 0) << longer.output;
+  EXPECT_EQ(readFile(run + "/recipe.before-step_4.yaml"), recipe);
+  EXPECT_TRUE(contains(readFile(run + "/recipe.yaml"), "steps: 6")) << readFile(run + "/recipe.yaml");
+  EXPECT_EQ(checkpointSteps(run), (std::vector<int64_t>{2, 4, 6}));
+
+  // consolidate: a truncated shard, then a flipped byte; no output either time.
+  const std::string step = run + "/checkpoints/step_6";
+  const std::string out = dir.path() + "/whole";
+  for (const bool truncate : {true, false}) {
+    const std::string copy = dir.path() + (truncate ? "/truncated" : "/flipped");
+    fs::copy(step, copy, fs::copy_options::recursive);
+    const std::string shard = copy + "/model.rank00000.safetensors";
+    if (truncate) {
+      fs::resize_file(shard, fs::file_size(shard) / 2);
+    } else {
+      std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(fs::file_size(shard) - 17));
+      f.put('\x7f');
+    }
+    ptrain::test::ProcessResult damaged = runPtrain({"checkpoint", "consolidate", copy, out}, {}, 60);
+    EXPECT_EQ(damaged.exit_code, 2) << damaged.output;
+    EXPECT_TRUE(contains(damaged.output, shard + ":")) << damaged.output;
+    EXPECT_FALSE(fs::exists(out)) << damaged.output;
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      EXPECT_NE(e.path().filename().string().rfind(".whole", 0), 0u) << "left behind: " << e.path();
+    }
+  }
+  // A folder that holds a file is never written over; an empty one is filled.
+  fs::create_directories(out);
+  std::ofstream(out + "/notes.txt") << "mine";
+  ptrain::test::ProcessResult occupied = runPtrain({"checkpoint", "consolidate", step, out}, {}, 60);
+  EXPECT_EQ(occupied.exit_code, 2) << occupied.output;
+  EXPECT_TRUE(contains(occupied.output, out + ": exists and is not empty; give a new folder")) << occupied.output;
+  EXPECT_EQ(readFile(out + "/notes.txt"), "mine");
+  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 1);
+  fs::remove(out + "/notes.txt");
+  ptrain::test::ProcessResult intoEmpty = runPtrain({"checkpoint", "consolidate", step, out}, {}, 60);
+  EXPECT_EQ(intoEmpty.exit_code, 0) << intoEmpty.output;
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors")) << intoEmpty.output;
+
+  // A step folder without its index.json: named, on resume and on consolidate.
+  fs::remove(run + "/checkpoints/step_6/index.json");
+  const std::string missing = run + "/checkpoints/step_6/index.json: missing";
+  ptrain::test::ProcessResult resume = runPtrain({"run", "--resume", "--run-dir", run, "train.steps=8",
+                                                  "--allow-changes"}, {}, 120);
+  EXPECT_EQ(resume.exit_code, 2) << resume.output;
+  EXPECT_TRUE(contains(resume.output, missing)) << resume.output;
+  EXPECT_FALSE(contains(resume.output, "holds no tensors")) << resume.output;
+  EXPECT_TRUE(contains(readFile(run + "/recipe.yaml"), "steps: 6"));
+  ptrain::test::ProcessResult consolidate =
+      runPtrain({"checkpoint", "consolidate", run + "/checkpoints/step_6", dir.path() + "/whole2"}, {}, 60);
+  EXPECT_EQ(consolidate.exit_code, 2) << consolidate.output;
+  EXPECT_TRUE(contains(consolidate.output, missing)) << consolidate.output;
+  EXPECT_FALSE(fs::exists(dir.path() + "/whole2"));
+}
+
 // What `run` refuses before starting, `check` refuses too, with the same
 // line and exit code, and `run` makes no folder for it.
 TEST(Chaos, CheckRefusesWhatRunRefuses) {

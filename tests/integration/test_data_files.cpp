@@ -71,7 +71,10 @@ TEST(DataFiles, PreparedTextTrainsAtAnyLayoutAndResumesExactly) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(prefix + ".bin/.idx: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" tokens, vocabulary 500 ("), std::string::npos) << r.output;
-  for (const char* ext : {".bin", ".idx", ".json", ".model"}) EXPECT_TRUE(fs::exists(prefix + ext)) << ext;
+  for (const char* ext : {".bin", ".idx", ".json", ".model", ".vocab"}) EXPECT_TRUE(fs::exists(prefix + ext)) << ext;
+  // SentencePiece's own log stays quiet (its "Running command" line included).
+  EXPECT_EQ(r.output.find("Running command"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("trainer_interface.cc"), std::string::npos) << r.output;
 
   const std::string file = recipe(tmp, prefix);
   const std::string one = tmp.path() + "/one";
@@ -152,4 +155,11 @@ TEST(DataFiles, DamagedFilesAndBadInputsAreOneLine) {
   r = runPtrain({"data", "prepare", jsonl, "--output", tmp.path() + "/j", "--vocab-size", "20"}, {}, 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(jsonl + ":2: no string field \"text\""), std::string::npos) << r.output;
+  // A line in Latin-1, not UTF-8: the byte, its column and its offset in the file.
+  const std::string latin1 = tmp.write("latin1.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"caf\xe9\"}\n");
+  r = runPtrain({"data", "prepare", latin1, "--output", tmp.path() + "/l", "--vocab-size", "20"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ptrain: " + latin1 + ":2:14: not UTF-8 (byte 0xE9 at offset 28 of the file)"),
+            std::string::npos)
+      << r.output;
 }

@@ -216,6 +216,11 @@ TEST(DeviceGroups, CheckRefusesGroupsThatCannotRun) {
       {"[{ranks: 4, pipeline_model_parallel_size: 2, micro_batch_size: 5}, {ranks: 2}]",
        {"parallel.groups[0] (group0): the group's rows of global_batch_size=16 is not divisible by micro_batch_size*dp=10"}},
       {"[4, 2]", {"entry 1 is '4', expected a mapping"}},
+      // Groups are named in metrics, `ptrain doctor` and checkpoints: two
+      // may not share a name, given or the group<i> one gets.
+      {"[{name: a, ranks: 4}, {name: a, ranks: 2}]",
+       {"parallel.groups[1].name: 'a' already names parallel.groups[0]; give each device group a name of its own"}},
+      {"[{ranks: 4}, {name: group0, ranks: 2}]", {"parallel.groups[1].name: 'group0' already names parallel.groups[0]"}},
   };
   for (const auto& c : cases) {
     auto r = runPtrain({"check", recipe, "--nproc", "6", "launch.nproc=6", "parallel.groups=" + c.groups});
@@ -286,6 +291,12 @@ train: {steps: 20, global_batch_size: 48, micro_batch_size: 1}
   EXPECT_EQ(chunked.exit_code, 0) << chunked.output;
   EXPECT_NE(chunked.output.find("group a: ranks 0-3, tp 1 pp 2 vpp 2 (interleaved) dp 2"), std::string::npos)
       << chunked.output;
+  // A group of one rank is "rank 4", not "ranks 4-4".
+  auto single = runPtrain({"check", recipe, "--nproc", "5", "launch.nproc=5",
+                           "parallel.groups=[{name: a, ranks: 4, share: 2}, {name: b, ranks: 1, share: 1}]"});
+  EXPECT_EQ(single.exit_code, 0) << single.output;
+  EXPECT_NE(single.output.find("group b: rank 4, tp 1 pp 1 dp 1, 8 rows"), std::string::npos) << single.output;
+  EXPECT_EQ(single.output.find("4-4"), std::string::npos) << single.output;
 }
 
 }  // namespace

@@ -76,7 +76,9 @@ class Plot : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     const auto out = lines(r.output);
     ASSERT_EQ(out.size(), 1u) << r.output;
-    EXPECT_EQ(out[0].rfind("ptrain: ", 0), 0u) << r.output;
+    // One prefix: "ptrain plot: ...", or "ptrain: <file>: ..." (never "ptrain: ptrain plot: ...").
+    EXPECT_EQ(out[0].rfind("ptrain", 0), 0u) << r.output;
+    EXPECT_EQ(out[0].find("ptrain: ptrain"), std::string::npos) << r.output;
     EXPECT_NE(out[0].find(message), std::string::npos) << "expected: " << message << "\n" << r.output;
   }
 
@@ -176,7 +178,18 @@ TEST_F(Plot, UserMistakesAreOneLineAndExitCode2) {
   const std::string broken = dir.path() + "/broken";
   fs::create_directories(broken);
   dir.write("broken/metrics.jsonl", "{\"step\":1,\"loss\":2.0}\n{\"step\":2,\"loss\":\n");
-  expectRefused({broken}, "ptrain plot: " + broken + "/metrics.jsonl:2: not valid JSON");
+  expectRefused({broken}, "ptrain: " + broken + "/metrics.jsonl:2:18: not valid JSON (syntax error");
+
+  // Binary garbage is not a run that stopped early: the file is not JSON
+  // lines, and the line says where.
+  const std::string garbage = dir.path() + "/garbage";
+  fs::create_directories(garbage);
+  dir.write("garbage/metrics.jsonl", std::string("\x89PNG\r\n\x1a\n\x00\x00\xff\xfe binary", 18));
+  expectRefused({garbage}, "ptrain: " + garbage + "/metrics.jsonl:1:1: not UTF-8 (byte 0x89 at offset 0 of the file)");
+  const std::string text = dir.path() + "/text";
+  fs::create_directories(text);
+  dir.write("text/metrics.jsonl", "{\"step\":1,\"loss\":2.0}\nstep 2 loss 1.5");
+  expectRefused({text}, "ptrain: " + text + "/metrics.jsonl:2:1: not valid JSON (syntax error");
 
   const std::string untrained = dir.path() + "/untrained";
   fs::create_directories(untrained);

@@ -150,4 +150,39 @@ optimizer:
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(bad + ":2: prompt holds 't', which the GPT's arithmetic vocabulary lacks"), std::string::npos)
       << r.output;
+
+  // Without data.validation_path there is no evaluation (docs/data.md), not an error.
+  std::string withoutValidation = ptrain::test::readFile(recipe);
+  const std::string validationLine = "  validation_path: " + file + "\n";
+  ASSERT_NE(withoutValidation.find(validationLine), std::string::npos);
+  withoutValidation.erase(withoutValidation.find(validationLine), validationLine.size());
+  const std::string noEval = tmp.write("no_eval.yaml", withoutValidation);
+  r = runPtrain({"check", noEval}, {}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("validation_path"), std::string::npos) << r.output;
+
+  // A prompt of 100003 characters makes a model.seq_length of 100004 that no
+  // host holds: the refusal names the line that set it and the key that bounds it.
+  const std::string longFile =
+      tmp.write("long.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"" +
+                                  std::string(100000, '1') + "+1=\", \"answer\": \"2\"}\n");
+  r = runPtrain({"check", recipe, "data.path=[" + longFile + "]"}, {}, 120);
+  EXPECT_EQ(r.exit_code, 3) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("is predicted to need"), std::string::npos) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("; model.seq_length 100004 comes from the longest problem, " + longFile +
+                          ":2 (100005 tokens with its EOS): set model.seq_length to bound it"),
+            std::string::npos)
+      << r.output.substr(0, 2000);
+
+  // A byte that is not UTF-8 is named as that, with its line, column and
+  // offset in the file (line 1 is 33 bytes and its newline).
+  const std::string latin1 = tmp.write("latin1.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"
+                                                       "{\"prompt\": \"2+2\xff=\", \"answer\": \"4\"}\n");
+  r = runPtrain({"check", recipe, "data.path=[" + latin1 + "]"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.path: " + latin1 + ":2:16: not UTF-8 (byte 0xFF at offset 49 of the file); save it as "
+                          "UTF-8 text"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("not a JSON object"), std::string::npos) << r.output;
 }

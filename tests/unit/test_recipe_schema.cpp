@@ -420,6 +420,7 @@ TEST(RecipeSchema, CheckReservedAcceptsTheSameValueInAnySpelling) {
   EXPECT_EQ(check(spec("x.s", ValueType::kString, ""), "anything"), "");
 }
 
+// Reserved keys that accept some values are listed with what runs today.
 TEST(RecipeSchema, ReservedKeysInTables) {
   Schema s;
   s.add(keys::reserved(spec("off.params", ValueType::kBool, "false", "Keep params."), "no plugin", {"false"}));
@@ -437,18 +438,18 @@ TEST(RecipeSchema, ReservedKeysInTables) {
             "| `off.name` | string | `fp32` | `fp32` (others: not implemented yet) | Precision. Not implemented yet: "
             "later. |\n"
             "| `off.device` | string | `cpu` | `cpu` (`cuda`: not implemented yet) | Device. Not implemented yet: a "
-            "GPU build. |\n"
-            "| `off.batches` | int | `8` | unset only (not implemented yet) | Batches. Not implemented yet: the "
-            "trainer's. |\n");
+            "GPU build. |\n");
   EXPECT_EQ(s.text(),
-            "key          type    default  allowed                             meaning\n"
-            "off.params   bool    false    false (true: not implemented yet)   Keep params. Not implemented yet: no "
+            "key         type    default  allowed                             meaning\n"
+            "off.params  bool    false    false (true: not implemented yet)   Keep params. Not implemented yet: no "
             "plugin.\n"
-            "off.name     string  fp32     fp32 (others: not implemented yet)  Precision. Not implemented yet: later.\n"
-            "off.device   string  cpu      cpu (cuda: not implemented yet)     Device. Not implemented yet: a GPU "
-            "build.\n"
-            "off.batches  int     8        unset only (not implemented yet)    Batches. Not implemented yet: the "
-            "trainer's.\n");
+            "off.name    string  fp32     fp32 (others: not implemented yet)  Precision. Not implemented yet: later.\n"
+            "off.device  string  cpu      cpu (cuda: not implemented yet)     Device. Not implemented yet: a GPU "
+            "build.\n");
+  // off.batches accepts no value yet: nobody can use it, so no table lists
+  // it, though a recipe that sets it is still refused with its reason.
+  EXPECT_EQ(s.markdown().find("off.batches"), std::string::npos);
+  EXPECT_EQ(s.text().find("off.batches"), std::string::npos);
 }
 
 TEST(RecipeSchema, EveryCoreDefaultValidates) {

@@ -126,22 +126,28 @@ void LlmTrainer::setup(const Recipe& recipe) {
   data.seq_length = recipe.has("model.seq_length") ? recipe.getInt("model.seq_length")
                                                    : ArithmeticDataset::minSeqLength(data.operations, data.digits);
   std::unique_ptr<PromptSet> promptSet, validationSet;
+  std::vector<std::string> derived;  // derivedSizes()
   if (prompts) {
     const auto paths = recipe.getStringList("data.path");
     if (paths.size() != 1) {
       recipe.fail("data.path", "data.name: prompts reads one JSONL file of problems; give it as data.path: [FILE]");
     }
+    // No data.validation_path: no evaluation (docs/data.md).
+    const std::string v = recipe.has("data.validation_path") ? recipe.getString("data.validation_path") : "";
     try {
       promptSet = std::make_unique<PromptSet>(paths.front());
-      const std::string v = recipe.getString("data.validation_path");
       if (!v.empty()) validationSet = std::make_unique<PromptSet>(v);
     } catch (const ConfigError& e) {
       recipe.fail(validationSet || !promptSet ? "data.path" : "data.validation_path", e.what());
     }
-    const int64_t longest =
-        std::max(promptSet->longestTokens(), validationSet ? validationSet->longestTokens() : int64_t{0});
+    const PromptSet& longestSet =
+        validationSet && validationSet->longestTokens() > promptSet->longestTokens() ? *validationSet : *promptSet;
+    const int64_t longest = longestSet.longestTokens();
     if (!recipe.has("model.seq_length")) {
       data.seq_length = longest - 1;
+      derived.push_back("model.seq_length " + std::to_string(longest - 1) + " comes from the longest problem, " +
+                        longestSet.path() + ":" + std::to_string(longestSet.longestLine()) + " (" +
+                        std::to_string(longest) + " tokens with its EOS): set model.seq_length to bound it");
     } else if (data.seq_length < longest - 1) {
       recipe.fail("model.seq_length", std::to_string(data.seq_length) + " is too short for the longest problem (" +
                                           std::to_string(longest) + " tokens with its EOS); use at least " +
@@ -241,6 +247,7 @@ void LlmTrainer::setup(const Recipe& recipe) {
   corpus_ = std::move(corpus);
   prompts_ = std::move(promptSet);
   validation_prompts_ = std::move(validationSet);
+  derived_sizes_ = std::move(derived);
   shuffle_prompts_ = recipe.getBool("data.shuffle");
   seed_ = static_cast<uint64_t>(recipe.getInt("train.seed"));
   config_ = c;

@@ -59,6 +59,8 @@ class LlmTrainer : public ModelTrainer<GptModel> {
   // for the attention scores and their use (QK^T and PV, forward + backward).
   double trainFlops(double tokens) const override;
   std::optional<plan::ModelShape> modelShape() const override;
+  // model.seq_length taken from the longest prompt file line, when the recipe sets none.
+  std::vector<std::string> derivedSizes() const override { return derived_sizes_; }
   // A Hugging Face GPT-2 folder (hf_gpt2.h) under this model's names.
   std::unique_ptr<WeightsSource> openForeignWeights(const std::string& path) const override;
   // "hf": a GPT-2 folder transformers' GPT2LMHeadModel loads (hf_gpt2.h).
@@ -104,6 +106,7 @@ class LlmTrainer : public ModelTrainer<GptModel> {
   std::unique_ptr<TokenCorpus> corpus_;
   std::unique_ptr<PromptSet> prompts_;
   std::unique_ptr<PromptSet> validation_prompts_;
+  std::vector<std::string> derived_sizes_;  // derivedSizes()
   bool shuffle_prompts_ = true;
   uint64_t seed_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
 #include "ptrain/datasets/arithmetic.h"
 #include "ptrain/datasets/splitmix.h"
 
@@ -33,16 +34,13 @@ PromptSet::PromptSet(const std::string& path) : path_(path) {
   if (!in) throw ConfigError(path + ": cannot be read; give a JSONL file of {\"prompt\": ..., \"answer\": ...} lines");
   std::string line;
   int64_t number = 0;
-  while (std::getline(in, line)) {
+  uint64_t offset = 0;  // of the line in the file
+  for (; std::getline(in, line); offset += line.size() + 1) {
     ++number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(number) + ": ";
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw ConfigError(where + "not a JSON object; expected one a line, e.g. {\"prompt\": \"12+7=\", \"answer\": \"19\"}");
-    }
+    const nlohmann::json j = text::parseJsonLine(line, path, number, offset,
+                                                 "one JSON object a line, e.g. {\"prompt\": \"12+7=\", \"answer\": \"19\"}");
     PromptAnswer item;
     for (auto [key, into] : {std::pair<const char*, std::string*>{"prompt", &item.prompt}, {"answer", &item.answer}}) {
       if (!j.is_object() || !j.contains(key) || !j.at(key).is_string() || j.at(key).get<std::string>().empty()) {
@@ -54,7 +52,11 @@ PromptSet::PromptSet(const std::string& path) : path_(path) {
                           "', which the GPT's arithmetic vocabulary lacks (digits and + - * = only)");
       }
     }
-    longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(item.prompt.size() + item.answer.size()) + 1);
+    const int64_t tokens = static_cast<int64_t>(item.prompt.size() + item.answer.size()) + 1;
+    if (tokens > longest_) {
+      longest_ = tokens;
+      longest_line_ = number;
+    }
     longest_answer_ = std::max<int64_t>(longest_answer_, static_cast<int64_t>(item.answer.size()) + 1);
     items_.push_back(std::move(item));
   }

@@ -40,6 +40,8 @@ class PromptSet {
   // Tokens of the longest prompt + answer + EOS, and of the longest answer + EOS.
   int64_t longestTokens() const { return longest_; }
   int64_t longestAnswerTokens() const { return longest_answer_; }
+  // The line (1-based) of the longest prompt + answer.
+  int64_t longestLine() const { return longest_line_; }
   // The file's size and time, for a resume to tell it changed.
   nlohmann::json stamp() const;
 
@@ -48,6 +50,7 @@ class PromptSet {
   std::vector<PromptAnswer> items_;
   int64_t longest_ = 0;
   int64_t longest_answer_ = 0;
+  int64_t longest_line_ = 0;
 };
 
 // Training order: item of sample `index` (step * global_batch + row), epoch

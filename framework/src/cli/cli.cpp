@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
       "consolidate", "write a checkpoint's tensors whole, one safetensors file per model and kind "
                      "(model.safetensors, optimizer.safetensors), as any safetensors reader loads them");
   consolidateCmd->add_option("step", consolidateFrom, "a checkpoint folder: RUN_DIR/checkpoints/step_N")->required();
-  consolidateCmd->add_option("out", consolidateTo, "the folder to write (created; files in it are replaced)")->required();
+  consolidateCmd->add_option("out", consolidateTo, "the folder to write (created; one that exists must be empty)")->required();
 
   std::string exportFrom, exportFormat, exportTo;
   auto* exportCmd = app.add_subcommand(
@@ -260,7 +260,10 @@ int main(int argc, char** argv) {
     while (start <= text.size()) {
       size_t end = text.find('\n', start);
       if (end == std::string::npos) end = text.size();
-      std::fprintf(stderr, "ptrain: %s\n", text.substr(start, end - start).c_str());
+      // A line that names its command already ("ptrain plot: ...") is
+      // printed as it is, not as "ptrain: ptrain plot: ...".
+      const std::string line = text.substr(start, end - start);
+      std::fprintf(stderr, line.rfind("ptrain ", 0) == 0 ? "%s\n" : "ptrain: %s\n", line.c_str());
       start = end + 1;
     }
     return failed(e.exitCode());

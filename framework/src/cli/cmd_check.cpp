@@ -125,6 +125,14 @@ std::vector<std::pair<std::string, LayoutRequest>> runLayouts(const LayoutReques
   return out;
 }
 
+// "; model.seq_length 600001 comes from ...": the sizes the trainer took
+// from the data, after a memory refusal, so that it names their source.
+std::string derivedSizesNote(const Trainer& trainer) {
+  std::string out;
+  for (const auto& note : trainer.derivedSizes()) out += "; " + note;
+  return out;
+}
+
 }  // namespace
 
 std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecipe& prepared) {
@@ -160,7 +168,8 @@ std::string hostMemoryRefusal(const std::string& recipePath, const PreparedRecip
   if (!(need > have)) return "";
   return recipePath + ": " + whose + " is predicted to need " + memoryText(need) + " per rank, and this host has " +
          memoryText(have) + " in all: make the model, batch or sequence smaller, or split it over more ranks "
-         "(`ptrain plan RECIPE` shows where the memory goes)";
+         "(`ptrain plan RECIPE` shows where the memory goes)" +
+         derivedSizesNote(*prepared.trainer);
 }
 
 namespace {
@@ -296,7 +305,8 @@ int cmdCheck(const CheckArgs& args) {
                                     : "; it fits from " + fits->override_text + " on";
       }
       return report({args.recipe + ": " + whose + " is predicted to need " + memoryText(need) + " per rank, " +
-                     device.name + " has " + memoryText(have) + ": " + fix + " (`ptrain plan` lists each step)"});
+                     device.name + " has " + memoryText(have) + ": " + fix + " (`ptrain plan` lists each step)" +
+                     derivedSizesNote(*prepared.trainer)});
     }
   }
 
@@ -313,8 +323,11 @@ int cmdCheck(const CheckArgs& args) {
       const std::string experts = own.sizes.ep > 1 || own.sizes.etp > 1
                                       ? " ep " + std::to_string(own.sizes.ep) + " etp " + std::to_string(own.sizes.etp)
                                       : "";
-      std::printf("group %s: ranks %d-%d, tp %d pp %d%s dp %d%s, %lld rows, micro %lld, micro-batches per rank %lld\n",
-                  g.name.c_str(), g.first_rank, g.first_rank + g.sizes.world - 1, own.sizes.tp, own.sizes.pp,
+      const std::string ranks = g.sizes.world == 1 ? "rank " + std::to_string(g.first_rank)
+                                                   : "ranks " + std::to_string(g.first_rank) + "-" +
+                                                         std::to_string(g.first_rank + g.sizes.world - 1);
+      std::printf("group %s: %s, tp %d pp %d%s dp %d%s, %lld rows, micro %lld, micro-batches per rank %lld\n",
+                  g.name.c_str(), ranks.c_str(), own.sizes.tp, own.sizes.pp,
                   chunks.c_str(), own.dp, experts.c_str(),
                   static_cast<long long>(own.global_batch_size), static_cast<long long>(own.micro_batch_size),
                   static_cast<long long>(own.micro_batches));

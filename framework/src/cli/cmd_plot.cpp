@@ -25,6 +25,7 @@
 #include "cli/plot_png.h"
 #include "cli/plot_trace.h"
 #include "ptrain/core/error.h"
+#include "ptrain/core/text.h"
 
 namespace fs = std::filesystem;
 
@@ -97,25 +98,21 @@ RunMetrics readRun(const std::string& given) {
   run.name = fs::absolute(dir).lexically_normal().filename().string();
   if (run.name.empty()) run.name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
   std::string text;
-  for (int n = 1; std::getline(in, text); ++n) {
+  uint64_t offset = 0;  // of the line in the file
+  for (int n = 1; std::getline(in, text); ++n, offset += text.size() + 1) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = file.string() + ":" + std::to_string(n);
     json row;
     try {
-      row = json::parse(nonFiniteAsNull(text));
-    } catch (const json::exception& e) {
+      row = text::parseJsonLine(nonFiniteAsNull(text), file.string(), n, offset,
+                                "JSON lines, one object a line, as ptrain run writes metrics.jsonl");
+    } catch (const ConfigError&) {
       // The last line of a run still training may be half written (every
-      // row ends with a newline once written whole): the curves so far.
-      if (in.eof()) break;
-      // nlohmann's message begins "[json.exception.parse_error.101] parse
-      // error at line 1, column 5: ..."; the column and what is wrong are
-      // what a reader needs. (A number beyond a double, 1e999, is its
-      // out_of_range.406: "number overflow parsing '1e999'".)
-      std::string what = e.what();
-      size_t at = what.find("column");
-      if (at == std::string::npos && what.find("] ") != std::string::npos) at = what.find("] ") + 2;
-      throw ConfigError("ptrain plot: " + where + ": not valid JSON (" +
-                        (at == std::string::npos ? what : what.substr(at)) + ")");
+      // row ends with a newline once written whole): the curves so far. Only
+      // the start of a row is taken for that; anything else is not metrics.
+      const bool cutRow = in.eof() && text.front() == '{' && text::firstNonUtf8Byte(text) == std::string::npos;
+      if (cutRow) break;
+      throw;
     }
     if (!row.is_object()) throw ConfigError("ptrain plot: " + where + ": expected a JSON object, found " +
                                             std::string(row.type_name()));

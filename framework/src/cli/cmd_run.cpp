@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "ptrain/comm/nccl_settings.h"
@@ -102,6 +103,37 @@ void printSummary(const TrainSummary& s, const std::string& runDir) {
   std::fflush(stdout);
 }
 
+bool isFile(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+// The recipe a resumed run was started with.
+std::string savedRecipe(const std::string& runDir) { return (fs::path(runDir) / "recipe.yaml").string(); }
+
+// "step_N" names of a run's checkpoints, for messages.
+std::string stepList(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (int64_t s : steps) out += (out.empty() ? "" : ", ") + std::string("step_") + std::to_string(s);
+  return out.empty() ? "none" : out;
+}
+
+// A resume with another recipe (--allow-changes) keeps what the run was
+// beside what it becomes: RUN_DIR/recipe.yaml is copied to
+// recipe.before-step_N.yaml, then replaced by the new recipe, each file
+// written whole. Rank 0 calls it once checkpoint N has loaded, so a refused
+// resume leaves the folder as it was.
+void recordRecipeChanges(const std::string& runDir, int64_t step, const PreparedRecipe& prepared) {
+  const std::string saved = savedRecipe(runDir);
+  if (!isFile(saved) || recipeChanges(saved, prepared).empty()) return;
+  std::ifstream in(saved, std::ios::binary);
+  std::stringstream before;
+  before << in.rdbuf();
+  writeFileAtomically((fs::path(runDir) / ("recipe.before-step_" + std::to_string(step) + ".yaml")).string(),
+                      before.str());
+  writeFileAtomically(saved, prepared.recipe.toYaml(Recipe::Values::kWritten));
+}
+
 int runWorker(const RunArgs& args) {
   RankEnv env = detectRankEnv();
   initLogging(env.rank, env.world_size, "info");
@@ -123,6 +155,11 @@ int runWorker(const RunArgs& args) {
     }
   }
   options.run_dir = args.run_dir.empty() ? "runs/" + prepared.recipe.name() + "/job-" + jobId() : args.run_dir;
+  if (args.resume && args.allow_changes) {
+    options.on_resumed = [&prepared, runDir = options.run_dir](int64_t step) {
+      recordRecipeChanges(runDir, step, prepared);
+    };
+  }
   // One writer per run folder: `ptrain run`'s launcher holds the lock and
   // says so; under another launcher (torchrun, srun) rank 0 takes it.
   std::unique_ptr<RunFolderLock> lock;
@@ -144,25 +181,6 @@ int runWorker(const RunArgs& args) {
   }
   if (env.rank == 0) printSummary(summary, options.run_dir);
   return 0;
-}
-
-}  // namespace
-
-namespace {
-
-bool isFile(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec);
-}
-
-// The recipe a resumed run was started with.
-std::string savedRecipe(const std::string& runDir) { return (fs::path(runDir) / "recipe.yaml").string(); }
-
-// "step_N" names of a run's checkpoints, for messages.
-std::string stepList(const std::vector<int64_t>& steps) {
-  std::string out;
-  for (int64_t s : steps) out += (out.empty() ? "" : ", ") + std::string("step_") + std::to_string(s);
-  return out.empty() ? "none" : out;
 }
 
 }  // namespace
@@ -279,12 +297,6 @@ int cmdRun(const RunArgs& argsIn) {
     }
     if (args.launch.node_rank == 0) {
       for (const auto& c : changes) logger()->info("resuming with a change: {}", c);
-      if (!changes.empty()) {
-        // What the run was, kept beside what it becomes.
-        const std::string kept = (fs::path(runDir) / ("recipe.before-step_" + std::to_string(from) + ".yaml")).string();
-        fs::rename(savedRecipe(runDir), kept);
-        std::ofstream(savedRecipe(runDir)) << prepared.recipe.toYaml(Recipe::Values::kWritten);
-      }
       if (args.from_step >= 0) {
         for (const auto& moved : setAsideCheckpointsAfter(runDir, from)) {
           logger()->info("resuming from step_{}: {} set aside (not resumable; remove it when not needed)", from, moved);
@@ -301,7 +313,7 @@ int cmdRun(const RunArgs& argsIn) {
       // again as it loaded the original (the doctor's suggested commands use
       // it, and so does --resume without a recipe). Every resolved value is
       // in each checkpoint's meta.json.
-      std::ofstream(fs::path(runDir) / "recipe.yaml") << prepared.recipe.toYaml(Recipe::Values::kWritten);
+      writeFileAtomically(savedRecipe(runDir), prepared.recipe.toYaml(Recipe::Values::kWritten));
     }
   }
 
@@ -338,6 +350,8 @@ int cmdRun(const RunArgs& argsIn) {
   launch.command.push_back("--run-dir");
   launch.command.push_back(runDir);
   if (args.resume) launch.command.push_back("--resume");
+  // The workers record the changed recipe once they have loaded the checkpoint.
+  if (args.resume && args.allow_changes) launch.command.push_back("--allow-changes");
   return launchWorkers(launch);
 }
 

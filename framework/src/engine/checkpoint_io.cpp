@@ -296,6 +296,10 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(detail::concat(path, ": cannot write JSON (", e.what(), ")"));
   }
+  writeFileAtomically(path, text);
+}
+
+void writeFileAtomically(const std::string& path, const std::string& text) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const fs::path tmp = dir / ("." + target.filename().string() + ".tmp" + pidSuffix());
@@ -329,6 +333,36 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
 }
 
 void syncFile(const std::string& path) { fsyncPath(path, false); }
+
+void writeNewFolder(const std::string& dir, const std::function<void(const std::string& tmpDir)>& writeFiles) {
+  const fs::path target = fs::path(dir).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(target, ec))) {
+    if (!fs::is_directory(target, ec)) {
+      throw ConfigError(detail::concat(dir, ": exists and is not a folder; give a new folder"));
+    }
+    if (!fs::is_empty(target, ec)) {
+      throw ConfigError(detail::concat(dir, ": exists and is not empty; give a new folder (nothing in it is replaced)"));
+    }
+  }
+  const fs::path name = target.filename().empty() ? target.parent_path().filename() : target.filename();
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  createDirectoriesDurably(parent);
+  const fs::path tmp = parent / ("." + name.string() + ".tmp" + pidSuffix());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec) ioFail(tmp.string(), "cannot create folder", ec);
+  try {
+    writeFiles(tmp.string());
+    syncTree(tmp);
+    // An empty folder of that name (one the caller made, or a rerun's) gives way.
+    fs::remove(target, ec);
+    renameOrFail(tmp, target);
+    fsyncPath(parent, true);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
 
 nlohmann::json readJsonFile(const std::string& path) {
   std::error_code ec;

@@ -463,6 +463,7 @@ int64_t TrainingSession::restoreLatest(const std::vector<ModelRuntime*>& runtime
   if (auto why = trainer().checkDataPosition(saved, step, recipe().getInt("train.global_batch_size"))) {
     throw ConfigError(meta + ": " + *why);
   }
+  if (isRankZero() && options_.on_resumed) options_.on_resumed(step);
   return step;
 }
 

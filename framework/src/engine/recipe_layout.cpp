@@ -1,5 +1,6 @@
 #include "ptrain/engine/recipe_layout.h"
 
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -28,14 +29,20 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
   const char* known = "name, ranks, tensor_model_parallel_size, pipeline_model_parallel_size, "
                       "virtual_pipeline_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size, "
                       "micro_batch_size, share";
+  // Each group's name (its given one, or the group<i> it gets) and the
+  // entry that first had it: metrics, `ptrain doctor` and checkpoints name
+  // groups by it, so two may not share one.
+  std::map<std::string, std::string> named;
   for (size_t i = 0; i < entries.size(); ++i) {
     const Recipe::MapEntry& entry = entries[i];
     const std::string path = key + "[" + std::to_string(i) + "]";
     LayoutRequest::Group g;
     g.where = entry.at.str();
     bool hasRanks = false;
+    std::string nameAt = entry.at.str() + ": " + path;
     for (const Recipe::MapField& f : entry.fields) {
       const std::string at = f.at.str() + ": " + path + "." + f.key + ": ";
+      if (f.key == "name") nameAt = f.at.str() + ": " + path + ".name";
       auto wholeAtLeastOne = [&](int64_t* out) {
         int64_t v = 0;
         if (!text::parseInt(f.value, &v) || v < 1) {
@@ -78,6 +85,12 @@ void readGroups(const Recipe& recipe, LayoutRequest& q) {
     if (!hasRanks) {
       q.group_problems.push_back(entry.at.str() + ": " + path +
                                  ": no ranks: give the group's rank count, e.g. ranks: 4");
+    }
+    const std::string name = g.name.empty() ? "group" + std::to_string(i) : g.name;
+    const auto [first, fresh] = named.emplace(name, path);
+    if (!fresh) {
+      q.group_problems.push_back(nameAt + ": '" + name + "' already names " + first->second +
+                                 "; give each device group a name of its own");
     }
     q.groups.push_back(std::move(g));
   }

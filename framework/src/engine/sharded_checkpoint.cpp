@@ -533,8 +533,16 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)), impl
   impl_->dir = dir_;
   const fs::path indexPath = fs::path(dir_) / kCheckpointIndexFile;
   if (!fs::exists(indexPath)) {
-    if (!fs::exists(fs::path(dir_) / "meta.json")) {
+    const fs::path metaPath = fs::path(dir_) / "meta.json";
+    if (!fs::exists(metaPath)) {
       throw CheckpointError(dir_ + ": not a checkpoint folder (no index.json or meta.json)");
+    }
+    // A sharded save's meta.json says so; without its index the shards
+    // cannot be read (a consolidated folder has no index and no such mark).
+    if (readJsonFile(metaPath.string()).value("format", "") == "ptrain.sharded") {
+      throw CheckpointError(detail::concat(indexPath.string(), ": missing; the checkpoint's shards cannot be read without "
+                                           "it: restore it, or resume from an earlier step (ptrain run --resume "
+                                           "--from-step N)"));
     }
     return;  // whole-tensor files, read as asked
   }
@@ -797,28 +805,29 @@ void consolidateCheckpoint(const std::string& stepDir, const std::string& outDir
   } else {
     runtimes.push_back("model");
   }
-  std::error_code ec;
-  fs::create_directories(outDir, ec);
-  if (ec) throw CheckpointError(detail::concat(outDir, ": cannot create (", ec.message(), ")"));
   for (const std::string& runtime : runtimes) {
     if (!reader.hasRuntime(runtime)) {
       throw CheckpointError(detail::concat(stepDir, ": meta.json names model '", runtime, "', which it holds no tensors of"));
     }
-    for (CheckpointSection section : {CheckpointSection::kParameters, CheckpointSection::kOptimizer}) {
-      std::vector<SafetensorsTensorSpec> specs;
-      for (const std::string& name : reader.names(runtime, section)) {
-        auto info = reader.find(runtime, section, name);
-        specs.push_back(SafetensorsTensorSpec{name, info->dtype, info->shape});
-      }
-      SafetensorsWriter writer((fs::path(outDir) / wholeFile(runtime, section)).string(), specs,
-                               {{"format", "pt"}});
-      // One tensor in memory at a time, in the order the writer lays them out.
-      for (const auto& spec : writer.order()) writer.append(reader.readWhole(runtime, section, spec.name));
-      writer.finish();
-    }
   }
-  meta.erase("format");
-  writeJsonFile((fs::path(outDir) / "meta.json").string(), meta);
+  // A damaged shard found half-way leaves no output folder behind.
+  writeNewFolder(outDir, [&](const std::string& tmp) {
+    for (const std::string& runtime : runtimes) {
+      for (CheckpointSection section : {CheckpointSection::kParameters, CheckpointSection::kOptimizer}) {
+        std::vector<SafetensorsTensorSpec> specs;
+        for (const std::string& name : reader.names(runtime, section)) {
+          auto info = reader.find(runtime, section, name);
+          specs.push_back(SafetensorsTensorSpec{name, info->dtype, info->shape});
+        }
+        SafetensorsWriter writer((fs::path(tmp) / wholeFile(runtime, section)).string(), specs, {{"format", "pt"}});
+        // One tensor in memory at a time, in the order the writer lays them out.
+        for (const auto& spec : writer.order()) writer.append(reader.readWhole(runtime, section, spec.name));
+        writer.finish();
+      }
+    }
+    meta.erase("format");
+    writeJsonFile((fs::path(tmp) / "meta.json").string(), meta);
+  });
 }
 
 }  // namespace ptrain

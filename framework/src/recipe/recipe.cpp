@@ -699,7 +699,11 @@ std::vector<std::string> Recipe::keysUnder(const std::string& prefix) const {
 SourceLocation Recipe::location(const std::string& key) const { return impl_->locationOf(key); }
 
 void Recipe::fail(const std::string& key, const std::string& message) const {
-  throw ConfigError(location(key).str() + ": " + key + ": " + message);
+  const std::string prefix = location(key).str() + ": " + key + ": ";
+  // A message from the recipe itself about the same key (a caller passing
+  // on what getString threw) already says where: once is enough.
+  if (message.rfind(prefix, 0) == 0) throw ConfigError(message);
+  throw ConfigError(prefix + message);
 }
 
 namespace {

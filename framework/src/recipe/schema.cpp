@@ -417,6 +417,11 @@ std::string escapeCell(const std::string& s) {
   return out;
 }
 
+// Whether `ptrain keys` lists the key: not one that is reserved and accepts
+// no value yet, which nobody can use (the recipe still refuses it with its
+// reason, for users who bring it from another framework).
+bool listed(const KeySpec& k) { return k.reserved.empty() || !k.reserved_accepts.empty(); }
+
 }  // namespace
 
 std::string Schema::markdown() const {
@@ -438,7 +443,7 @@ std::string Schema::markdown() const {
     os << "| Key | Type | Default | Allowed | Meaning |\n";
     os << "|---|---|---|---|---|\n";
     for (const auto& k : keys_) {
-      if (k.owner != owner || section(k.path) != s) continue;
+      if (k.owner != owner || section(k.path) != s || !listed(k)) continue;
       std::string def = defaultText(k);
       if (!k.required && !k.default_value.empty()) def = "`" + escapeCell(def) + "`";
       std::string allowed;
@@ -459,6 +464,7 @@ std::string Schema::markdown() const {
 std::string Schema::text() const {
   size_t wPath = 3, wType = 4, wDefault = 7, wAllowed = 7;
   for (const auto& k : keys_) {
+    if (!listed(k)) continue;
     wPath = std::max(wPath, k.path.size());
     wType = std::max(wType, std::string(toString(k.type)).size());
     wDefault = std::max(wDefault, defaultText(k).size());
@@ -476,13 +482,15 @@ std::string Schema::text() const {
         owners.push_back(k.owner);
     }
   }
-  for (const auto& owner : owners)
-  for (const auto& k : keys_) {
-    if (k.owner != owner) continue;
-    if (!owner.empty() && &k == &*std::find_if(keys_.begin(), keys_.end(), [&](const KeySpec& o) { return o.owner == owner; }))
-      os << "keys of plugin " << owner << ":\n";
-    os << pad(k.path, wPath) << "  " << pad(toString(k.type), wType) << "  " << pad(defaultText(k), wDefault)
-       << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << meaningText(k) << "\n";
+  for (const auto& owner : owners) {
+    bool headed = owner.empty();
+    for (const auto& k : keys_) {
+      if (k.owner != owner || !listed(k)) continue;
+      if (!headed) os << "keys of plugin " << owner << ":\n";
+      headed = true;
+      os << pad(k.path, wPath) << "  " << pad(toString(k.type), wType) << "  " << pad(defaultText(k), wDefault)
+         << "  " << pad(allowedText(k, "|"), wAllowed) << "  " << meaningText(k) << "\n";
+    }
   }
   return os.str();
 }

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "ptrain/core/error.h"
 
 namespace ptrain::text {
@@ -53,5 +55,21 @@ PTRAIN_API std::string nearest(const std::string& s, const std::vector<std::stri
 // The same with a fixed limit: the nearest candidate at most `maxEdits`
 // edits away, else "" (short names, such as commands and plugins: 2).
 PTRAIN_API std::string nearest(const std::string& s, const std::vector<std::string>& candidates, size_t maxEdits);
+
+// The index of the first byte of `s` that is not part of well-formed UTF-8
+// (a stray continuation byte, a sequence cut short, an overlong form, a
+// surrogate, a code point past U+10FFFF), or std::string::npos when all of it
+// is: what readers of users' text files check before parsing, so that the
+// message says "not UTF-8" and where.
+PTRAIN_API size_t firstNonUtf8Byte(const std::string& s);
+
+// The JSON value of one line of a JSON Lines file: `path`, its line number,
+// and the offset of the line's first byte in the file locate a mistake.
+// Throws ConfigError "<path>:<line>:<column>: not UTF-8 (byte 0xC3 at offset
+// N of the file); save it as UTF-8 text" or "<path>:<line>:<column>: not
+// valid JSON (what is wrong); expected <expected>", one line either way.
+// Defined in json_lines.cpp (nlohmann's parser stays out of this header).
+PTRAIN_API nlohmann::json parseJsonLine(const std::string& line, const std::string& path, int64_t lineNumber,
+                                        uint64_t lineOffset, const std::string& expected);
 
 }  // namespace ptrain::text

@@ -108,6 +108,17 @@ PTRAIN_API std::string resolveWeightsSource(const std::string& path, int64_t* st
 // so readers see the old or the new file, never a partial one. Throws
 // CheckpointError with the path on any I/O error.
 PTRAIN_API void writeJsonFile(const std::string& path, const nlohmann::json& value);
+// The same for any text.
+PTRAIN_API void writeFileAtomically(const std::string& path, const std::string& text);
+
+// Writes a new folder `dir` whole or not at all, for outputs a command makes
+// (`ptrain checkpoint consolidate`): writeFiles(tmpDir) fills a hidden folder
+// beside it (.<name>.tmp-<pid>), which is fsync'ed and renamed to `dir` only
+// when writeFiles returns; when it throws the hidden folder is removed and the
+// exception propagates, so a failure leaves no partial output. Refuses
+// (ConfigError, nothing touched) a `dir` that exists and is not an empty
+// folder: outputs are never overwritten. Throws CheckpointError on I/O errors.
+PTRAIN_API void writeNewFolder(const std::string& dir, const std::function<void(const std::string& tmpDir)>& writeFiles);
 
 // Reads the JSON file at `path`. Throws CheckpointError "<path>: file not
 // found" or "<path>: not valid JSON (...)".

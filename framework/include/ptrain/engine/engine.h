@@ -8,6 +8,7 @@
 // train.eval_every steps and a checkpoint every checkpoint.every steps.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -110,6 +111,11 @@ struct EngineOptions {
   // rate of float32 products this host measures at start, and on a GPU
   // without an entry, no MFU.
   double device_peak_flops = 0;
+  // With resume: called on rank 0 with the step once its checkpoint has
+  // loaded (every rank refuses a checkpoint alike). `ptrain run` records a
+  // changed recipe here, so that a refused resume leaves the run folder as
+  // it found it.
+  std::function<void(int64_t step)> on_resumed;
 };
 
 // The signal names checkpoint.on_signal accepts, and their numbers.

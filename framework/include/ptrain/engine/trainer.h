@@ -82,6 +82,13 @@ class PTRAIN_API Trainer : public Plugin {
   // After setup: the model's shape for the layout checks and the planner's
   // cost model (`ptrain check`, `ptrain plan`; layout/model_shape.h); nullopt for a model it cannot size.
   virtual std::optional<plan::ModelShape> modelShape() const { return std::nullopt; }
+  // After setup: each size the trainer took from the data instead of the
+  // recipe, with where it came from and the key that bounds it, e.g.
+  // "model.seq_length 600001 comes from the longest problem, FILE:LINE: set
+  // model.seq_length to bound it". A message about what the sizes cost (a
+  // memory refusal) names them, so the user sees which line made the model
+  // that large.
+  virtual std::vector<std::string> derivedSizes() const { return {}; }
   // After setup, for a model that is not GPT-shaped (modelShape() is
   // nullopt): what one rank of pipeline stage `stage` of `layout` holds
   // (parameters, gradients, optimizer state, activations of the micro-batches
