@@ -314,6 +314,8 @@ TEST(CliKeys, ListsEveryCoreKey) {
                           "communication.timeout_s", "log.progress"}) {
     EXPECT_NE(r.output.find(std::string("\n") + key + " "), std::string::npos) << key;
   }
+  // A reserved key that accepts no value is refused when set, never listed.
+  EXPECT_EQ(r.output.find("train.eval_batches"), std::string::npos) << r.output;
 }
 
 TEST(CliKeys, ListsATrainersOwnKeysOnRequest) {

@@ -99,6 +99,23 @@ TEST(Doctor, AHealthyRunHasNothingToReport) {
   EXPECT_EQ(ptrain::test::readTrainingSteps(dir).count(6), 1u) << resumed.output;
 }
 
+// metrics.jsonl with damage in it (not only a last line cut by a crash):
+// the whole lines are read, and the damage is named, not passed over.
+TEST(Doctor, DamagedMetricsLinesAreNamed) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fs::create_directories(dir);
+  tmp.write("run/metrics.jsonl", std::string("{\"step\":1,\"loss\":2.0}\n\x89PNG\n{\"step\":2,\"loss\":1.5}\n") +
+                                     "{\"step\":3,\"lo");
+  auto r = doctor(dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no failure found: 2 training steps, last loss 1.5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("note: 1 line of metrics.jsonl skipped as damaged; the first: " + dir +
+                          "/metrics.jsonl:2:1: not UTF-8 (byte 0x89 at offset 22 of the file)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Doctor, AWorkerKilledMidRunIsALostRank) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";

@@ -114,6 +114,21 @@ TEST(RecipeLoad, NameKeyWinsOverFileName) {
   EXPECT_EQ(unnamed.name(), "quick");
 }
 
+// A caller that passes on what the recipe itself said about a key (a
+// getString that found nothing) does not get the key's location twice.
+TEST(RecipeLoad, FailSaysWhereOnce) {
+  Recipe r = Recipe::fromString(kMinimal, "r.yaml");
+  const std::string prefix = r.location("train.steps").str() + ": train.steps: ";
+  for (const std::string& message : {std::string("must be 5"), prefix + "must be 5"}) {
+    try {
+      r.fail("train.steps", message);
+      FAIL() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), prefix + "must be 5");
+    }
+  }
+}
+
 TEST(RecipeLoad, DottedKeysNest) {
   Recipe r = Recipe::fromString("trainer.name: llm\ntrain.steps: 3\ntrain:\n  global_batch_size: 4\n", "r.yaml");
   r.validate(coreSchema());

@@ -67,6 +67,10 @@ struct RunRecord {
   std::vector<nlohmann::json> steps;  // training lines of metrics.jsonl
   std::optional<nlohmann::json> summary;  // its summary row (the last)
   std::optional<Recipe> recipe;
+  // metrics.jsonl's damaged lines (a cut last line aside): how many, and
+  // what is wrong with the first, said after the verdict.
+  int damagedMetricsLines = 0;
+  std::string firstDamagedMetricsLine;
 };
 
 std::vector<Line> readLines(const fs::path& path, const std::string& label) {
@@ -141,15 +145,23 @@ RunRecord readRecord(const std::string& path) {
     // Several nodes: the first that failed speaks for the job.
     if (!r.exit || ((*r.exit)["result"].get<int>() == 0 && j["result"].get<int>() != 0)) r.exit = j;
   }
-  std::ifstream metrics(fs::path(path) / "metrics.jsonl");
+  const std::string metricsPath = (fs::path(path) / "metrics.jsonl").string();
+  std::ifstream metrics(metricsPath);
   std::string text;
-  while (std::getline(metrics, text)) {
+  uint64_t offset = 0;
+  for (int64_t n = 1; std::getline(metrics, text); ++n, offset += text.size() + 1) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      nlohmann::json j = nlohmann::json::parse(text);
+      nlohmann::json j = text::parseJsonLine(text, metricsPath, n, offset, "one JSON object a line");
+      if (!j.is_object()) continue;
       if (j.value("kind", "") == "summary") r.summary = j;
       if (j.contains("loss") && j.contains("step")) r.steps.push_back(std::move(j));
-    } catch (const nlohmann::json::exception&) {
-      // A line cut off by a crash.
+    } catch (const ConfigError& e) {
+      // A last line cut off by a crash is expected; anything else is damage
+      // the diagnosis should not hide.
+      const bool cutRow = metrics.eof() && text.front() == '{' && text::firstNonUtf8Byte(text) == std::string::npos;
+      if (cutRow) continue;
+      if (r.damagedMetricsLines++ == 0) r.firstDamagedMetricsLine = e.what();
     }
   }
   if (fs::exists(fs::path(path) / "recipe.yaml")) {
@@ -641,6 +653,12 @@ int cmdDoctor(const std::string& path) {
     d = Diagnosis{"unclassified failure", "the run failed in a way ptrain doctor does not recognise", tail,
                   {"read the last lines of the log above; a bug in ptrain or a plugin ends with \"internal error\""}};
   }
+  // Said after the verdict, which reads the lines that are whole.
+  auto damage = [&r] {
+    if (r.damagedMetricsLines == 0) return;
+    std::printf("  note: %d %s of metrics.jsonl skipped as damaged; the first: %s\n", r.damagedMetricsLines,
+                r.damagedMetricsLines == 1 ? "line" : "lines", r.firstDamagedMetricsLine.c_str());
+  };
   if (!d) {
     if (!r.steps.empty()) {
       std::printf("ptrain doctor: %s: no failure found: %zu training steps, last loss %s\n", path.c_str(),
@@ -648,6 +666,7 @@ int cmdDoctor(const std::string& path) {
     } else {
       std::printf("ptrain doctor: %s: no failure found\n", path.c_str());
     }
+    damage();
     slowestGroup(r);
     return 0;
   }
@@ -655,6 +674,7 @@ int cmdDoctor(const std::string& path) {
   for (const auto& e : d->evidence) std::printf("    %s\n", e.c_str());
   std::printf("  next, in order:\n");
   for (const auto& n : d->next) std::printf("    %s\n", n.c_str());
+  damage();
   return d->failure ? 1 : 0;
 }
 
