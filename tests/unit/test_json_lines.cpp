@@ -61,5 +61,13 @@ TEST(JsonLine, ParsesALineAndNamesWhatIsWrongWithOne) {
   }
 }
 
+TEST(JsonLine, ACutRowIsTheStartOfAnObjectInUtf8) {
+  EXPECT_TRUE(text::isCutJsonRow("{\"step\": 3, \"lo"));
+  EXPECT_TRUE(text::isCutJsonRow("  {\"caf\xC3\xA9\": "));
+  EXPECT_FALSE(text::isCutJsonRow("step 3 loss 1.5"));
+  EXPECT_FALSE(text::isCutJsonRow("{\"a\": \"\xFF"));
+  EXPECT_FALSE(text::isCutJsonRow("   "));
+}
+
 }  // namespace
 }  // namespace ptrain

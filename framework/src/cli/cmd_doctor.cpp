@@ -159,8 +159,7 @@ RunRecord readRecord(const std::string& path) {
     } catch (const ConfigError& e) {
       // A last line cut off by a crash is expected; anything else is damage
       // the diagnosis should not hide.
-      const bool cutRow = metrics.eof() && text.front() == '{' && text::firstNonUtf8Byte(text) == std::string::npos;
-      if (cutRow) continue;
+      if (metrics.eof() && text::isCutJsonRow(text)) continue;
       if (r.damagedMetricsLines++ == 0) r.firstDamagedMetricsLine = e.what();
     }
   }

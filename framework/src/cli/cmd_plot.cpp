@@ -110,8 +110,7 @@ RunMetrics readRun(const std::string& given) {
       // The last line of a run still training may be half written (every
       // row ends with a newline once written whole): the curves so far. Only
       // the start of a row is taken for that; anything else is not metrics.
-      const bool cutRow = in.eof() && text.front() == '{' && text::firstNonUtf8Byte(text) == std::string::npos;
-      if (cutRow) break;
+      if (in.eof() && text::isCutJsonRow(text)) break;
       throw;
     }
     if (!row.is_object()) throw ConfigError("ptrain plot: " + where + ": expected a JSON object, found " +

@@ -10,6 +10,11 @@
 
 namespace ptrain::text {
 
+bool isCutJsonRow(const std::string& line) {
+  const size_t first = line.find_first_not_of(" \t");
+  return first != std::string::npos && line[first] == '{' && firstNonUtf8Byte(line) == std::string::npos;
+}
+
 nlohmann::json parseJsonLine(const std::string& line, const std::string& path, int64_t lineNumber,
                              uint64_t lineOffset, const std::string& expected) {
   const std::string where = path + ":" + std::to_string(lineNumber) + ":";

@@ -69,6 +69,12 @@ PTRAIN_API size_t firstNonUtf8Byte(const std::string& s);
 // N of the file); save it as UTF-8 text" or "<path>:<line>:<column>: not
 // valid JSON (what is wrong); expected <expected>", one line either way.
 // Defined in json_lines.cpp (nlohmann's parser stays out of this header).
+//
+// isCutJsonRow: whether a last line that failed to parse is a row its
+// writer was stopped in the middle of (a run still writing, or killed):
+// UTF-8 that starts a JSON object. Readers of files ptrain appends to
+// (metrics.jsonl) pass over such a line; anything else is damage.
+PTRAIN_API bool isCutJsonRow(const std::string& line);
 PTRAIN_API nlohmann::json parseJsonLine(const std::string& line, const std::string& path, int64_t lineNumber,
                                         uint64_t lineOffset, const std::string& expected);
 
